@@ -1,0 +1,27 @@
+"""Loads the compiled extension ``vllm_megakernel._C`` and says plainly why it cannot serve, if it cannot."""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+BUILD_HINT = (
+    "build it on a machine with nvcc (CUDA 12.8+ for sm_90a): "
+    "pip install --no-build-isolation -e . (or pip install . ) from the vllm-megakernel checkout"
+)
+
+
+@functools.cache
+def load() -> tuple[ModuleType | None, str | None]:
+    """Returns ``(module, None)`` when the decode megakernel can be launched, else ``(module_or_None, why)``."""
+    try:
+        from vllm_megakernel import _C
+    except ImportError as e:
+        return None, f"the CUDA extension vllm_megakernel._C is not built ({e}); {BUILD_HINT}"
+    info = _C.build_info()
+    if not info.get("decode_kernel", False):
+        return _C, (
+            "this build of vllm_megakernel._C has no decode megakernel yet "
+            f"(extension {info.get('version')}, built for {info.get('cuda_arch')})"
+        )
+    return _C, None

@@ -1,0 +1,180 @@
+"""The A/B switch: ``additional_config={"megakernel": {...}}``.
+
+Accepted keys:
+
+- ``enabled``: ``true`` asks for the megakernel, ``false`` is stock vLLM. Left out, the megakernel runs
+  wherever it can (extension built, Hopper GPU, supported setup) and stock vLLM runs elsewhere.
+- ``strict``: ``true`` turns every fallback to stock into an error.
+
+How a setup is judged:
+
+- ``enabled: false``: stock vLLM, nothing checked.
+- The extension is missing (not built, or built without the decode kernel): with ``enabled: true`` (or
+  ``strict``) this raises :class:`MegakernelUnavailableError` saying why; left out, stock with one log line.
+- Anything else it cannot run (tensor/pipeline/data parallel > 1, expert parallel, dual-batch overlap,
+  speculative decoding, LoRA, quantization, a KV cache that is not bf16, a non-FlashAttention backend, a
+  MoE backend that re-lays the expert weights, a GPU that is not Hopper): stock with one log line naming
+  every reason, or :class:`MegakernelUnsupportedError` with ``strict``.
+
+The dictionary lives in ``VllmConfig.additional_config``, which vLLM hashes into its compile-cache key, so
+the two sides of an A/B never share compiled artefacts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+CONFIG_KEY = "megakernel"
+
+_FIELDS: dict[str, type] = {"enabled": bool, "strict": bool}
+
+
+class MegakernelOptionError(ValueError):
+    """The ``megakernel`` entry of ``additional_config`` is malformed."""
+
+
+class MegakernelUnavailableError(RuntimeError):
+    """The megakernel was asked for but this installation cannot provide it."""
+
+
+class MegakernelUnsupportedError(RuntimeError):
+    """``strict`` was set and the setup needs the stock path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MegakernelOptions:
+    enabled: bool | None = None  # None: automatic (on where it can run)
+    strict: bool = False
+
+    @property
+    def explicitly_enabled(self) -> bool:
+        return self.enabled is True
+
+
+def parse_options(additional_config: Mapping[str, Any] | None) -> MegakernelOptions:
+    """Reads ``additional_config["megakernel"]``; raises :class:`MegakernelOptionError` on bad input."""
+    if additional_config is None:
+        return MegakernelOptions()
+    if not isinstance(additional_config, Mapping):
+        raise MegakernelOptionError(
+            f"additional_config must be a JSON object, got {type(additional_config).__name__}"
+        )
+    raw = additional_config.get(CONFIG_KEY)
+    if raw is None:
+        return MegakernelOptions()
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise MegakernelOptionError(
+                f"additional_config.{CONFIG_KEY} is a string that is not JSON: {raw!r} ({e})"
+            ) from None
+    if not isinstance(raw, Mapping):
+        raise MegakernelOptionError(
+            f"additional_config.{CONFIG_KEY} must be an object such as "
+            f'{{"enabled": true}}, got {type(raw).__name__}: {raw!r}'
+        )
+    unknown = sorted(set(raw) - set(_FIELDS))
+    if unknown:
+        raise MegakernelOptionError(
+            f"unknown key(s) {unknown} in additional_config.{CONFIG_KEY}; "
+            f"accepted keys: {sorted(_FIELDS)}"
+        )
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        expected = _FIELDS[key]
+        # bool is checked exactly: 1, "true" and None are refused rather than guessed at.
+        if type(value) is not expected:
+            raise MegakernelOptionError(
+                f"additional_config.{CONFIG_KEY}.{key} must be a JSON {expected.__name__}, "
+                f"got {type(value).__name__}: {value!r}"
+            )
+        values[key] = value
+    return MegakernelOptions(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    use_megakernel: bool
+    reasons: tuple[str, ...] = ()  # why not, when use_megakernel is False
+
+    def log_line(self) -> str:
+        if self.use_megakernel:
+            return "vllm_megakernel: decode runs on the megakernel"
+        return "vllm_megakernel: decode runs on stock vLLM: " + "; ".join(self.reasons)
+
+
+def unsupported_setup_reasons(
+    vllm_config: Any,
+    attention_backends: Iterable[str] = (),
+    moe_backends: Iterable[str] = (),
+    device_capability: tuple[int, int] | None = None,
+) -> list[str]:
+    """Every reason the megakernel cannot serve this setup (empty when it can).
+
+    ``attention_backends`` are the backend names of the model's ``Attention`` layers, ``moe_backends`` the
+    expert-kernel backends of its MoE layers, ``device_capability`` the GPU's (major, minor); all three are
+    known only once the model is built on a device, so the caller passes them in.
+    """
+    reasons: list[str] = []
+    par = vllm_config.parallel_config
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        size = getattr(par, name, 1)
+        if size != 1:
+            reasons.append(f"{name}={size} (only 1 is supported)")
+    if getattr(par, "enable_expert_parallel", False):
+        reasons.append("expert parallelism is on")
+    if getattr(par, "enable_dbo", False):
+        reasons.append("dual-batch overlap is on")
+    if vllm_config.speculative_config is not None:
+        reasons.append("speculative decoding is on")
+    if vllm_config.lora_config is not None:
+        reasons.append("LoRA is on")
+    if vllm_config.quant_config is not None:
+        reasons.append(f"quantization {vllm_config.quant_config.get_name()!r} is on")
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    if cache_dtype not in ("auto", "bfloat16"):
+        reasons.append(f"kv_cache_dtype={cache_dtype} (only bf16 is supported)")
+    dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
+    if dtype != "bfloat16":
+        reasons.append(f"dtype={dtype} (only bfloat16 is supported)")
+    others = sorted({b for b in attention_backends if b != "FLASH_ATTN"})
+    if others:
+        reasons.append(f"attention backend {', '.join(others)} (only FLASH_ATTN is supported)")
+    others = sorted({b for b in moe_backends if b != "TRITON"})
+    if others:
+        reasons.append(
+            f"MoE backend {', '.join(others)} re-lays the expert weights (only TRITON is supported; "
+            "pass --moe-backend triton)"
+        )
+    if device_capability is not None and tuple(device_capability) != (9, 0):
+        major, minor = device_capability
+        reasons.append(f"GPU compute capability {major}.{minor} (the megakernel is built for sm_90a)")
+    return reasons
+
+
+def decide(
+    options: MegakernelOptions,
+    extension_problem: str | None,
+    setup_reasons: list[str],
+) -> Decision:
+    """Applies the rules in this module's docstring; raises where they say to."""
+    if options.enabled is False:
+        return Decision(False, ("disabled by additional_config.megakernel.enabled=false",))
+    if extension_problem is not None:
+        if options.explicitly_enabled or options.strict:
+            raise MegakernelUnavailableError(
+                f"additional_config.megakernel asks for the megakernel, but {extension_problem}"
+            )
+        return Decision(False, (extension_problem,))
+    if setup_reasons:
+        if options.strict:
+            raise MegakernelUnsupportedError(
+                "additional_config.megakernel.strict=true and this setup needs stock vLLM: "
+                + "; ".join(setup_reasons)
+            )
+        return Decision(False, tuple(setup_reasons))
+    return Decision(True)

@@ -1,0 +1,307 @@
+"""Pure-PyTorch oracle of ONE North Mini Code decode step on vLLM's layouts.
+
+Given what vLLM hands the model on a decode step -- one token per request, its position, each request's
+sequence length (including the new token), one paged KV cache per layer in the FlashAttention layout
+``(num_blocks, 2, block_size, num_kv_heads, head_dim)`` and, per KV-cache group of the hybrid manager, a
+block table and a slot mapping -- it returns the final hidden states (after the final RMSNorm; vLLM's
+``compute_logits`` takes it from there) and writes the new K/V exactly where vLLM would.
+
+The model (DESIGN.md section 1): parallel block ``x + attn(norm(x)) + mlp(norm(x))`` with one RMSNorm per
+layer; interleaved (GPT-J) RoPE on sliding layers and on the dense prefix layer, none on the other full
+layers; sliding window W means a query at position p sees keys p-W+1..p; dense SwiGLU prefix, then MoE with
+sigmoid routing, top-k, weights renormalised only if ``norm_topk_prob``; tied embeddings.
+
+Padding rows (``seq_len == 0``, slot ``-1``) write nothing, read nothing and return zeros. Weights are read
+in place: :meth:`Weights.from_vllm_model` takes views of vLLM's parameters, and
+:meth:`Weights.from_hf_state_dict` builds the same layout from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDims:
+    hidden: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab: int
+    num_experts: int
+    top_k: int
+    norm_topk_prob: bool
+    eps: float
+    rope_theta: float
+    sliding_window: int | None
+    sliding: tuple[bool, ...]  # per layer: sliding-window attention
+    rope: tuple[bool, ...]  # per layer: RoPE applied
+    dense: tuple[bool, ...]  # per layer: dense SwiGLU (else MoE)
+    logit_scale: float
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelDims:
+        """From a transformers ``Cohere2MoeConfig``, a config dict, or a path to a config.json / its dir."""
+        if isinstance(config, (str, Path)):
+            path = Path(config)
+            config = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+        if isinstance(config, Mapping):
+            from transformers import Cohere2MoeConfig
+
+            config = Cohere2MoeConfig(**{k: v for k, v in config.items() if k != "architectures"})
+        if getattr(config, "expert_selection_fn", "sigmoid") != "sigmoid":
+            raise ValueError("North Mini Code routes with sigmoid; this reference implements only that")
+        if getattr(config, "rms_norm_eps", None) is None:
+            raise ValueError("North Mini Code uses RMSNorm (rms_norm_eps); LayerNorm configs are not modelled")
+        if getattr(config, "num_shared_experts", 0):
+            raise ValueError("shared experts are not part of North Mini Code")
+        n = config.num_hidden_layers
+        sliding = tuple(t == "sliding_attention" for t in config.layer_types)
+        dense = tuple(t == "dense" for t in config.mlp_layer_types)
+        # The dense prefix keeps RoPE when prefix_dense_sliding_window_pattern == 1 (vLLM and transformers).
+        force = [dense[i] and config.prefix_dense_sliding_window_pattern == 1 for i in range(n)]
+        rope = tuple(sliding[i] or force[i] for i in range(n))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(
+            hidden=config.hidden_size,
+            num_layers=n,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            vocab=config.vocab_size,
+            num_experts=config.num_experts,
+            top_k=config.num_experts_per_tok,
+            norm_topk_prob=bool(config.norm_topk_prob),
+            eps=float(config.rms_norm_eps),
+            rope_theta=float(config.rope_parameters["rope_theta"]),
+            sliding_window=config.sliding_window,
+            sliding=sliding,
+            rope=rope,
+            dense=dense,
+            logit_scale=float(config.logit_scale),
+        )
+
+
+@dataclasses.dataclass
+class LayerWeights:
+    norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H], rows q;k;v
+    o: torch.Tensor  # [H, Hq D]
+    # dense prefix layer
+    gate_up: torch.Tensor | None = None  # [2I, H], gate rows then up rows
+    down: torch.Tensor | None = None  # [H, I]
+    # MoE layer
+    router: torch.Tensor | None = None  # [E, H]
+    w13: torch.Tensor | None = None  # [E, 2I, H], gate rows then up rows
+    w2: torch.Tensor | None = None  # [E, H, I]
+
+
+@dataclasses.dataclass
+class Weights:
+    embed: torch.Tensor  # [V, H]; tied LM head
+    final_norm: torch.Tensor  # [H]
+    layers: list[LayerWeights]
+
+    @classmethod
+    def from_vllm_model(cls, model: torch.nn.Module) -> Weights:
+        """Views of a vLLM ``Cohere2MoeForCausalLM``'s parameters (Triton MoE layout), no copies."""
+        params = dict(model.named_parameters())
+        layers = []
+        for i, layer in enumerate(model.model.layers):
+            p = f"model.layers.{i}"
+            lw = LayerWeights(
+                norm=params[f"{p}.input_layernorm.weight"],
+                qkv=params[f"{p}.self_attn.qkv_proj.weight"],
+                o=params[f"{p}.self_attn.o_proj.weight"],
+            )
+            if f"{p}.mlp.gate_up_proj.weight" in params:
+                lw.gate_up = params[f"{p}.mlp.gate_up_proj.weight"]
+                lw.down = params[f"{p}.mlp.down_proj.weight"]
+            else:
+                lw.router = params[f"{p}.mlp.gate.weight"]
+                experts = layer.mlp.experts
+                lw.w13 = _find_param(experts, "w13_weight")
+                lw.w2 = _find_param(experts, "w2_weight")
+            layers.append(lw)
+        return cls(params["model.embed_tokens.weight"], params["model.norm.weight"], layers)
+
+    @classmethod
+    def from_hf_state_dict(cls, sd: Mapping[str, torch.Tensor], dims: ModelDims,
+                           dtype: torch.dtype | None = None) -> Weights:
+        """Builds vLLM's layout from HF names (per-expert or fused ``experts.gate_up_proj`` keys)."""
+
+        def get(name: str) -> torch.Tensor:
+            t = sd[name]
+            return t.to(dtype) if dtype is not None else t
+
+        layers = []
+        for i in range(dims.num_layers):
+            p = f"model.layers.{i}"
+            a = f"{p}.self_attn"
+            lw = LayerWeights(
+                norm=get(f"{p}.input_layernorm.weight"),
+                qkv=torch.cat([get(f"{a}.q_proj.weight"), get(f"{a}.k_proj.weight"),
+                               get(f"{a}.v_proj.weight")]),
+                o=get(f"{a}.o_proj.weight"),
+            )
+            if dims.dense[i]:
+                lw.gate_up = torch.cat([get(f"{p}.mlp.gate_proj.weight"), get(f"{p}.mlp.up_proj.weight")])
+                lw.down = get(f"{p}.mlp.down_proj.weight")
+            else:
+                lw.router = get(f"{p}.mlp.gate.weight")
+                if f"{p}.mlp.experts.gate_up_proj" in sd:
+                    lw.w13 = get(f"{p}.mlp.experts.gate_up_proj")
+                    lw.w2 = get(f"{p}.mlp.experts.down_proj")
+                else:
+                    e = f"{p}.mlp.experts"
+                    lw.w13 = torch.stack([
+                        torch.cat([get(f"{e}.{x}.gate_proj.weight"), get(f"{e}.{x}.up_proj.weight")])
+                        for x in range(dims.num_experts)
+                    ])
+                    lw.w2 = torch.stack([get(f"{e}.{x}.down_proj.weight") for x in range(dims.num_experts)])
+            layers.append(lw)
+        return cls(get("model.embed_tokens.weight"), get("model.norm.weight"), layers)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt_dir: str | Path, dims: ModelDims, dtype: torch.dtype | None = None) -> Weights:
+        from safetensors.torch import load_file
+
+        sd: dict[str, torch.Tensor] = {}
+        for f in sorted(Path(ckpt_dir).glob("*.safetensors")):
+            sd.update(load_file(str(f)))
+        return cls.from_hf_state_dict(sd, dims, dtype)
+
+
+def _find_param(module: torch.nn.Module, suffix: str) -> torch.Tensor:
+    for name, p in module.named_parameters():
+        if name.split(".")[-1] == suffix:
+            return p
+    raise KeyError(f"no parameter named *{suffix} under {type(module).__name__}")
+
+
+@dataclasses.dataclass
+class KVGroup:
+    """One KV-cache group of vLLM's hybrid manager: its block table and this step's slot mapping."""
+
+    block_table: torch.Tensor  # [B, max_blocks] int32; blocks out of a sliding window may be 0 (null)
+    slot_mapping: torch.Tensor  # [B] int64; block * block_size + offset, -1 for padding rows
+
+
+@dataclasses.dataclass
+class DecodeInputs:
+    input_ids: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B]; position of the new token (= seq_len - 1 for live rows)
+    seq_lens: torch.Tensor  # [B]; tokens in the sequence including the new one, 0 for padding
+    kv_caches: Sequence[torch.Tensor]  # per layer (num_blocks, 2, block_size, Hkv, D), K at index 0
+    layer_group: Sequence[int]  # per layer: index into groups
+    groups: Sequence[KVGroup]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * xf).to(x.dtype)
+
+
+def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """GPT-J RoPE on [B, heads, D]: pairs (x[2i], x[2i+1]) turn by position * theta^(-2i/D)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [B, D/2]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    xf = x.float()
+    even, odd = xf[..., 0::2], xf[..., 1::2]
+    out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+def write_kv(cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    block_size = cache.shape[2]
+    for b, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        cache[slot // block_size, 0, slot % block_size] = k[b]
+        cache[slot // block_size, 1, slot % block_size] = v[b]
+
+
+def attend(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, seq_len: int,
+           window: int | None, num_kv_heads: int) -> torch.Tensor:
+    """One request's attention: q [Hq, D] over its cached keys in the window; returns [Hq, D]."""
+    block_size = cache.shape[2]
+    start = 0 if window is None else max(0, seq_len - window)
+    pos = torch.arange(start, seq_len, device=q.device)
+    blocks = block_table[pos // block_size].long()
+    offs = pos % block_size
+    k = cache[blocks, 0, offs].float()  # [T, Hkv, D]
+    v = cache[blocks, 1, offs].float()
+    group = q.shape[0] // num_kv_heads
+    qf = q.float().view(num_kv_heads, group, -1)  # query head h uses kv head h // group
+    scores = torch.einsum("kgd,tkd->kgt", qf, k) * q.shape[-1] ** -0.5
+    probs = scores.softmax(-1)
+    out = torch.einsum("kgt,tkd->kgd", probs, v)
+    return out.reshape(q.shape).to(q.dtype)
+
+
+def moe(h: torch.Tensor, lw: LayerWeights, dims: ModelDims) -> torch.Tensor:
+    logits = h @ lw.router.t()
+    scores = logits.float().sigmoid()
+    weights, experts = torch.topk(scores, dims.top_k, dim=-1)
+    if dims.norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+    inter = lw.w2.shape[-1]
+    for b in range(h.shape[0]):
+        for w, e in zip(weights[b].tolist(), experts[b].tolist()):
+            gu = h[b] @ lw.w13[e].t()
+            act = F.silu(gu[:inter]) * gu[inter:]
+            out[b] += w * (act @ lw.w2[e].t()).float()
+    return out.to(h.dtype)
+
+
+def dense_mlp(h: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+    gu = h @ lw.gate_up.t()
+    inter = lw.down.shape[-1]
+    return (F.silu(gu[:, :inter]) * gu[:, inter:]) @ lw.down.t()
+
+
+@torch.no_grad()
+def decode_step(dims: ModelDims, weights: Weights, inp: DecodeInputs) -> torch.Tensor:
+    """Final hidden states [B, H] for one decode step; writes each live row's new K/V into the caches."""
+    live = inp.seq_lens > 0
+    x = weights.embed[inp.input_ids.long()]
+    d, hq, hkv = dims.head_dim, dims.num_heads, dims.num_kv_heads
+    for i, lw in enumerate(weights.layers):
+        h = rms_norm(x, lw.norm, dims.eps)
+        qkv = h @ lw.qkv.t()
+        q = qkv[:, : hq * d].view(-1, hq, d)
+        k = qkv[:, hq * d : (hq + hkv) * d].view(-1, hkv, d)
+        v = qkv[:, (hq + hkv) * d :].view(-1, hkv, d)
+        if dims.rope[i]:
+            q = rope_interleaved(q, inp.positions, dims.rope_theta)
+            k = rope_interleaved(k, inp.positions, dims.rope_theta)
+        group = inp.groups[inp.layer_group[i]]
+        cache = inp.kv_caches[i]
+        write_kv(cache, group.slot_mapping, k, v)
+        window = dims.sliding_window if dims.sliding[i] else None
+        attn = torch.zeros_like(q)
+        for b in range(q.shape[0]):
+            if live[b]:
+                attn[b] = attend(q[b], cache, group.block_table[b], int(inp.seq_lens[b]), window, hkv)
+        attn_out = attn.reshape(q.shape[0], hq * d) @ lw.o.t()
+        mlp_out = dense_mlp(h, lw) if dims.dense[i] else moe(h, lw, dims)
+        x = x + attn_out + mlp_out
+    out = rms_norm(x, weights.final_norm, dims.eps)
+    return torch.where(live[:, None], out, torch.zeros_like(out))
+
+
+def logits(dims: ModelDims, weights: Weights, hidden: torch.Tensor) -> torch.Tensor:
+    """The tied LM head, as vLLM's LogitsProcessor applies it (scale included)."""
+    return (hidden @ weights.embed.t()).float() * dims.logit_scale
