@@ -21,6 +21,15 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+if not has_cuda():
+    # vLLM modules bind `current_platform` when they are imported, so the CPU platform has to be in place
+    # before any test module imports vLLM's model code; without it vLLM has no device to build layers for.
+    import vllm.platforms as _platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    _platforms._current_platform = CpuPlatform()
+
+
 def pytest_collection_modifyitems(config, items):
     if has_cuda():
         return
@@ -38,3 +47,35 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-ckpt")
     write_checkpoint(TINY_CONFIG, out, seed=0, dtype="float32")
     return out
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu():
+    """vLLM on its CPU platform in this process, with a 1-rank gloo group, so that models can be built from
+    vLLM's real layers without a GPU. Returns ``build(config_dir, **engine_args) -> (model, vllm_config)``."""
+    import tempfile
+
+    if has_cuda():
+        pytest.skip("builds models on vLLM's CPU platform; GPU machines run the tests under tests/gpu")
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.utils import initialize_model
+
+    def build(config_dir, **engine_args):
+        engine_args.setdefault("max_model_len", 256)
+        engine_args.setdefault("dtype", "float32")
+        engine_args.setdefault("load_format", "dummy")
+        vllm_config = EngineArgs(model=str(config_dir), **engine_args).create_engine_config()
+        with set_current_vllm_config(vllm_config):
+            if not model_parallel_is_initialized():
+                init_distributed_environment(
+                    world_size=1, rank=0, local_rank=0, backend="gloo",
+                    distributed_init_method=f"file://{tempfile.mktemp()}",
+                )
+                initialize_model_parallel(1, 1)
+            model = initialize_model(vllm_config=vllm_config)
+        return model, vllm_config
+
+    return build

@@ -1,0 +1,120 @@
+"""The A/B switch: parsing, bad input, and which setups fall back to stock (or raise with strict)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_megakernel.options import (
+    MegakernelOptionError,
+    MegakernelOptions,
+    MegakernelUnavailableError,
+    MegakernelUnsupportedError,
+    decide,
+    parse_options,
+    unsupported_setup_reasons,
+)
+
+
+@pytest.mark.parametrize("additional_config, expected", [
+    (None, MegakernelOptions()),
+    ({}, MegakernelOptions()),
+    ({"other_plugin": {"x": 1}}, MegakernelOptions()),
+    ({"megakernel": {}}, MegakernelOptions()),
+    ({"megakernel": {"enabled": True}}, MegakernelOptions(enabled=True)),
+    ({"megakernel": {"enabled": False}}, MegakernelOptions(enabled=False)),
+    ({"megakernel": {"enabled": True, "strict": True}}, MegakernelOptions(enabled=True, strict=True)),
+    ({"megakernel": '{"enabled": false}'}, MegakernelOptions(enabled=False)),  # a JSON string, as from a CLI
+])
+def test_parse_valid_options(additional_config, expected):
+    assert parse_options(additional_config) == expected
+
+
+@pytest.mark.parametrize("additional_config, message", [
+    ({"megakernel": {"enable": True}}, "unknown key(s) ['enable']"),
+    ({"megakernel": {"enabled": "true"}}, "enabled must be a JSON bool, got str"),
+    ({"megakernel": {"enabled": 1}}, "enabled must be a JSON bool, got int"),
+    ({"megakernel": {"strict": None}}, "strict must be a JSON bool, got NoneType"),
+    ({"megakernel": True}, "must be an object"),
+    ({"megakernel": "{not json"}, "not JSON"),
+    (["megakernel"], "must be a JSON object"),
+])
+def test_parse_rejects_bad_options_with_a_clear_error(additional_config, message):
+    with pytest.raises(MegakernelOptionError) as err:
+        parse_options(additional_config)
+    assert message in str(err.value)
+
+
+def supported_config(**overrides):
+    cfg = SimpleNamespace(
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1,
+                                        enable_expert_parallel=False, enable_dbo=False),
+        speculative_config=None,
+        lora_config=None,
+        quant_config=None,
+        cache_config=SimpleNamespace(cache_dtype="auto"),
+        model_config=SimpleNamespace(dtype="torch.bfloat16"),
+    )
+    for path, value in overrides.items():
+        obj = cfg
+        *parents, leaf = path.split("__")
+        for p in parents:
+            obj = getattr(obj, p)
+        setattr(obj, leaf, value)
+    return cfg
+
+
+GOOD = dict(attention_backends=["FLASH_ATTN"] * 3, moe_backends=["TRITON"] * 2, device_capability=(9, 0))
+
+
+def test_supported_setup_has_no_reasons():
+    assert unsupported_setup_reasons(supported_config(), **GOOD) == []
+
+
+@pytest.mark.parametrize("override, backends, reason", [
+    ({"parallel_config__tensor_parallel_size": 2}, {}, "tensor_parallel_size=2"),
+    ({"parallel_config__pipeline_parallel_size": 2}, {}, "pipeline_parallel_size=2"),
+    ({"parallel_config__data_parallel_size": 2}, {}, "data_parallel_size=2"),
+    ({"parallel_config__enable_expert_parallel": True}, {}, "expert parallelism"),
+    ({"parallel_config__enable_dbo": True}, {}, "dual-batch overlap"),
+    ({"speculative_config": object()}, {}, "speculative decoding"),
+    ({"lora_config": object()}, {}, "LoRA"),
+    ({"quant_config": SimpleNamespace(get_name=lambda: "fp8")}, {}, "quantization 'fp8'"),
+    ({"cache_config__cache_dtype": "fp8"}, {}, "kv_cache_dtype=fp8"),
+    ({"model_config__dtype": "torch.float16"}, {}, "dtype=float16"),
+    ({}, {"attention_backends": ["FLASH_ATTN", "FLASHINFER"]}, "attention backend FLASHINFER"),
+    ({}, {"moe_backends": ["FLASHINFER_CUTLASS"]}, "MoE backend FLASHINFER_CUTLASS"),
+    ({}, {"device_capability": (10, 0)}, "compute capability 10.0"),
+])
+def test_each_unsupported_setup_is_named(override, backends, reason):
+    reasons = unsupported_setup_reasons(supported_config(**override), **{**GOOD, **backends})
+    assert len(reasons) == 1 and reason in reasons[0]
+
+
+def test_decide_default_falls_back_with_every_reason():
+    d = decide(MegakernelOptions(), None, ["tensor_parallel_size=2", "LoRA is on"])
+    assert not d.use_megakernel
+    assert d.log_line() == "vllm_megakernel: decode runs on stock vLLM: tensor_parallel_size=2; LoRA is on"
+
+
+def test_decide_strict_raises_on_unsupported_setup():
+    with pytest.raises(MegakernelUnsupportedError, match="LoRA is on"):
+        decide(MegakernelOptions(strict=True), None, ["LoRA is on"])
+
+
+def test_decide_explicit_enable_without_extension_raises_and_says_why():
+    with pytest.raises(MegakernelUnavailableError, match="extension .* is not built"):
+        decide(MegakernelOptions(enabled=True), "the CUDA extension vllm_megakernel._C is not built", [])
+
+
+def test_decide_automatic_without_extension_falls_back():
+    d = decide(MegakernelOptions(), "the CUDA extension vllm_megakernel._C is not built", [])
+    assert not d.use_megakernel and "not built" in d.log_line()
+
+
+def test_decide_disabled_is_stock_whatever_else_holds():
+    d = decide(MegakernelOptions(enabled=False, strict=True), "not built", ["LoRA is on"])
+    assert not d.use_megakernel and "enabled=false" in d.log_line()
+
+
+def test_decide_supported_setup_with_kernel_uses_it():
+    assert decide(MegakernelOptions(enabled=True, strict=True), None, []).use_megakernel
