@@ -109,3 +109,26 @@ def test_unknown_option_key_fails_at_construction(vllm_cpu):
 def test_disabled_switch_builds_stock_model(vllm_cpu):
     model, _ = vllm_cpu(TINY_CONFIG, additional_config={"megakernel": {"enabled": False}})
     assert model.megakernel_decision.reasons == ("disabled by additional_config.megakernel.enabled=false",)
+
+
+def test_without_the_extension_the_model_still_builds_on_stock(vllm_cpu, monkeypatch):
+    """A pure-Python install (no nvcc at build time): the import of _C fails, automatic mode serves stock."""
+    import sys
+
+    import vllm_megakernel
+    from vllm_megakernel import extension
+
+    extension.load.cache_clear()
+    # Together these make `from vllm_megakernel import _C` fail as it does when nothing was compiled.
+    monkeypatch.setitem(sys.modules, "vllm_megakernel._C", None)
+    monkeypatch.delattr(vllm_megakernel, "_C", raising=False)
+    try:
+        module, problem = extension.load()
+        assert module is None and "is not built" in problem and "pip install" in problem
+        model, _ = vllm_cpu(TINY_CONFIG)
+        assert not model.megakernel_decision.use_megakernel
+        assert "is not built" in model.megakernel_decision.reasons[0]
+        with pytest.raises(MegakernelUnavailableError, match="is not built"):
+            vllm_cpu(TINY_CONFIG, additional_config={"megakernel": {"enabled": True}})
+    finally:
+        extension.load.cache_clear()

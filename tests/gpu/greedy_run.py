@@ -1,0 +1,50 @@
+"""One side of a greedy A/B: generates greedily with vllm.LLM and prints one JSON line of token ids.
+
+    python tests/gpu/greedy_run.py MODEL_DIR ADDITIONAL_CONFIG_JSON [--max-tokens N]
+
+Run once per side in a fresh process: which plugins load is decided per process (VLLM_PLUGINS).
+"""
+
+import argparse
+import json
+import random
+
+
+def model_class_name(model):
+    return f"{type(model).__module__}:{type(model).__name__}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("additional_config")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompt-lens", default="16,100,700,1500")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=args.model,
+        additional_config=json.loads(args.additional_config),
+        max_model_len=4096,
+        gpu_memory_utilization=0.5,
+        enable_prefix_caching=False,
+        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+        seed=args.seed,
+    )
+    rng = random.Random(args.seed)
+    prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(10, 250000) for _ in range(int(n))])
+               for n in args.prompt_lens.split(",")]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    print(json.dumps({
+        "model_class": llm.apply_model(model_class_name)[0],
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+    }))
+
+
+if __name__ == "__main__":
+    main()

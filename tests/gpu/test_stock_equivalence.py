@@ -1,0 +1,54 @@
+"""With the switch off (and while it falls back), the plugin IS stock vLLM: same greedy tokens as vLLM
+without the plugin, on the same realistic random weights, through vllm.LLM on the GPU."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FULL_CONFIG
+
+pytestmark = pytest.mark.gpu
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def shallow_checkpoint(tmp_path_factory):
+    """North Mini Code at full width, first 5 layers: dense+RoPE full layer 0, sliding 1-3, NoPE full 4."""
+    from vllm_megakernel.tools.make_checkpoint import write_checkpoint
+
+    out = tmp_path_factory.mktemp("nmc-5l")
+    write_checkpoint(FULL_CONFIG, out, seed=1, num_layers=5)
+    return out
+
+
+def greedy(model_dir, additional_config, plugins_on=True):
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    if not plugins_on:
+        env["VLLM_PLUGINS"] = ""  # load no general plugin: vLLM exactly as shipped
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "greedy_run.py"), str(model_dir), json.dumps(additional_config)],
+        capture_output=True, text=True, timeout=900, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["log"] = proc.stderr
+    return result
+
+
+def test_switch_off_and_fallback_give_stock_vllm_greedy_tokens(shallow_checkpoint):
+    stock = greedy(shallow_checkpoint, {}, plugins_on=False)
+    off = greedy(shallow_checkpoint, {"megakernel": {"enabled": False}})
+    auto = greedy(shallow_checkpoint, {})
+    assert stock["model_class"] == "vllm.model_executor.models.cohere2_moe:Cohere2MoeForCausalLM"
+    ours = "vllm_megakernel.models.cohere2_moe:MegakernelCohere2MoeForCausalLM"
+    assert off["model_class"] == ours and auto["model_class"] == ours
+    assert "vllm_megakernel: decode runs on stock vLLM" in off["log"]
+    assert "vllm_megakernel" not in stock["log"]
+    # realistic weights: the generations are not degenerate (a constant token would prove little)
+    assert all(len(set(t)) > 4 for t in stock["tokens"])
+    assert off["tokens"] == stock["tokens"]
+    assert auto["tokens"] == stock["tokens"]
