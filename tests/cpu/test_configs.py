@@ -112,3 +112,14 @@ def test_chat_template_renders_turns_and_tool_calls():
             '<|END_ACTION|>') in text
     assert '<|START_TOOL_RESULT|>[{"tool_call_id": "c1", "results": {"0": "3"}}]<|END_TOOL_RESULT|>' in text
     assert text.endswith("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+
+
+@pytest.mark.parametrize("config_dir", [FULL_CONFIG, TINY_CONFIG])
+def test_config_declares_a_transformers_5_version(config_dir):
+    """transformers 5.17 (the GPU image's) treats a local config.json without transformers_version as a
+    possible Mistral tokenizer and warns that tokenization is wrong; a 5.x version skips that check."""
+    import json
+
+    from packaging.version import Version
+
+    assert Version(json.loads((config_dir / "config.json").read_text())["transformers_version"]) >= Version("5")

@@ -118,3 +118,37 @@ def test_decide_disabled_is_stock_whatever_else_holds():
 
 def test_decide_supported_setup_with_kernel_uses_it():
     assert decide(MegakernelOptions(enabled=True, strict=True), None, []).use_megakernel
+
+
+def test_cli_flag_reaches_the_options_and_the_compile_cache_key():
+    """`vllm serve --additional-config '{...}'` parses into the dict we read, and on vs off hash differently,
+    so the two sides of an A/B never share torch.compile artefacts."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import TINY_CONFIG
+
+    code = f"""
+        import json
+        import vllm.platforms as p
+        from vllm.platforms.cpu import CpuPlatform
+        p._current_platform = CpuPlatform()
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        from vllm_megakernel.options import parse_options
+        out = {{}}
+        for flag in ['{{"megakernel": {{"enabled": true}}}}', '{{"megakernel": {{"enabled": false}}}}']:
+            parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+            args = parser.parse_args(["--model", "{TINY_CONFIG}", "--additional-config", flag])
+            vc = EngineArgs.from_cli_args(args).create_engine_config()
+            out[str(parse_options(vc.additional_config).enabled)] = vc.compute_hash()
+        print(json.dumps(out))
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=600, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    hashes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(hashes) == {"True", "False"}
+    assert hashes["True"] != hashes["False"]

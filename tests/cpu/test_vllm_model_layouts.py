@@ -34,6 +34,25 @@ def test_model_is_our_subclass_and_falls_back_on_cpu(loaded):
     assert model.megakernel_decision.reasons  # says why
 
 
+def test_decision_is_logged_through_vllms_logger(vllm_cpu):
+    """vLLM configures only its own logger tree; the one decision line must reach its handler."""
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    vllm_root = logging.getLogger("vllm")
+    vllm_root.addHandler(handler)
+    try:
+        vllm_cpu(TINY_CONFIG, additional_config={"megakernel": {"enabled": False}})
+    finally:
+        vllm_root.removeHandler(handler)
+    lines = [r.getMessage() for r in records if r.getMessage().startswith("vllm_megakernel:")]
+    assert lines == ["vllm_megakernel: decode runs on stock vLLM: "
+                     "disabled by additional_config.megakernel.enabled=false"]
+    assert records[[r.getMessage() for r in records].index(lines[0])].levelno == logging.INFO
+
+
 def test_every_parameter_is_loaded_from_the_checkpoint(loaded):
     model, _, loaded_names = loaded
     assert set(dict(model.named_parameters())) == set(loaded_names)

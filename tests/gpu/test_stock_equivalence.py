@@ -35,7 +35,7 @@ def greedy(model_dir, additional_config, plugins_on=True):
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["log"] = proc.stderr
+    result["log"] = proc.stdout + proc.stderr  # vLLM logs to stdout by default
     return result
 
 

@@ -23,7 +23,9 @@ from vllm_megakernel.options import (
     unsupported_setup_reasons,
 )
 
-logger = init_logger(__name__)
+# A child of vLLM's "vllm" logger: vLLM configures only that tree, so this gets its handler, format and
+# VLLM_LOGGING_LEVEL; a logger named after our package would print nothing at INFO.
+logger = init_logger("vllm.megakernel")
 
 
 def attention_backend_names(model: nn.Module) -> Iterator[str]:
