@@ -61,6 +61,69 @@ constexpr int F_MOE_DOWN_COL_TILE = 9;
 // MOE_COMBINE
 constexpr int F_MOE_COMBINE_COL_TILE = 8;
 
+// Step table words (int64; *_F64 hold a double's bits).
+constexpr int S_BATCH = 0;
+constexpr int S_HIDDEN = 1;
+constexpr int S_NUM_HEADS = 2;
+constexpr int S_NUM_KV_HEADS = 3;
+constexpr int S_HEAD_DIM = 4;
+constexpr int S_NUM_EXPERTS = 5;
+constexpr int S_TOP_K = 6;
+constexpr int S_MOE_INTERMEDIATE = 7;
+constexpr int S_DENSE_INTERMEDIATE = 8;
+constexpr int S_NORM_TOPK_PROB = 9;
+constexpr int S_EPS_F64 = 10;
+constexpr int S_ROPE_THETA_F64 = 11;
+constexpr int S_SLIDING_WINDOW = 12;
+constexpr int S_TILE_N = 13;
+constexpr int S_ATTN_SPLITS = 14;
+constexpr int S_NUM_SLOTS = 15;
+constexpr int S_BLOCK_SIZE = 16;
+constexpr int S_TIMEOUT_NS = 17;
+constexpr int S_EMBED = 18;
+constexpr int S_FINAL_NORM = 19;
+constexpr int S_INPUT_IDS = 20;
+constexpr int S_POSITIONS = 21;
+constexpr int S_SEQ_LENS = 22;
+constexpr int S_X = 23;
+constexpr int S_HN = 24;
+constexpr int S_Q = 25;
+constexpr int S_OPART = 26;
+constexpr int S_LSE = 27;
+constexpr int S_ATTN = 28;
+constexpr int S_O = 29;
+constexpr int S_MLP = 30;
+constexpr int S_OUT = 31;
+constexpr int S_DACT = 32;
+constexpr int S_ACT = 33;
+constexpr int S_EOUT = 34;
+constexpr int S_TOPK_W = 35;
+constexpr int S_ROUTE = 36;
+constexpr int S_ROUTE_LOG = 37;
+constexpr int kStepWords = 38;
+
+// Layer table words (int64).
+constexpr int L_DENSE = 0;
+constexpr int L_SLIDING = 1;
+constexpr int L_ROPE = 2;
+constexpr int L_NORM_W = 3;
+constexpr int L_QKV_W = 4;
+constexpr int L_O_W = 5;
+constexpr int L_GATE_UP_W = 6;
+constexpr int L_DOWN_W = 7;
+constexpr int L_ROUTER_W = 8;
+constexpr int L_W13 = 9;
+constexpr int L_W2 = 10;
+constexpr int L_KV_CACHE = 11;
+constexpr int L_KV_STRIDE_BLOCK = 12;
+constexpr int L_KV_STRIDE_KV = 13;
+constexpr int L_KV_STRIDE_TOKEN = 14;
+constexpr int L_KV_STRIDE_HEAD = 15;
+constexpr int L_BLOCK_TABLE = 16;
+constexpr int L_BLOCK_TABLE_STRIDE = 17;
+constexpr int L_SLOT_MAPPING = 18;
+constexpr int kLayerWords = 19;
+
 // Error record words.
 constexpr int E_FLAG = 0;
 constexpr int E_SM = 1;

@@ -5,7 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "abi.h"
 #include "device_info.cuh"
+#include "megakernel.cuh"
 
 namespace py = pybind11;
 using namespace vllm_megakernel;
@@ -22,7 +24,9 @@ PYBIND11_MODULE(_C, m) {
     info["version"] = VLLM_MEGAKERNEL_VERSION;
     info["cuda_arch"] = "sm_90a";
     info["cuda_runtime"] = CUDART_VERSION;
-    // Flipped when the persistent decode kernel lands; Python refuses to route decode here until then.
+    info["abi_version"] = vllm_megakernel::abi::kAbiVersion;
+    // True once vLLM's decode may be routed to the megakernel (the kernel exists; the vLLM integration --
+    // per-batch task lists, CUDA-graph capture, metadata plumbing -- does not yet).
     info["decode_kernel"] = false;
     return info;
   });
@@ -42,4 +46,23 @@ PYBIND11_MODULE(_C, m) {
       py::arg("device") = 0);
 
   m.def("probe_kernel_arch", &probe_kernel_arch, py::arg("device") = 0);
+
+  // Raw device addresses from torch tensors' data_ptr(); the stream is torch's current stream handle.
+  m.def(
+      "launch_decode",
+      [](uintptr_t step_table, uintptr_t layer_table, uintptr_t tasks, int max_tasks, int grid, uintptr_t barriers,
+         uintptr_t error, size_t smem_bytes, uintptr_t stream) {
+        LaunchArgs a;
+        a.step_table = reinterpret_cast<const long long*>(step_table);
+        a.layer_table = reinterpret_cast<const long long*>(layer_table);
+        a.tasks = reinterpret_cast<const int*>(tasks);
+        a.max_tasks = max_tasks;
+        a.grid = grid;
+        a.barriers = reinterpret_cast<int*>(barriers);
+        a.error = reinterpret_cast<int*>(error);
+        a.smem_bytes = smem_bytes;
+        launch_decode(a, reinterpret_cast<cudaStream_t>(stream));
+      },
+      py::arg("step_table"), py::arg("layer_table"), py::arg("tasks"), py::arg("max_tasks"), py::arg("grid"),
+      py::arg("barriers"), py::arg("error"), py::arg("smem_bytes"), py::arg("stream"));
 }

@@ -68,6 +68,30 @@ class PagedKVSim:
                 self.kv_caches[layer][blk].fill_(float("nan"))  # a freed block may hold anyone's data
             self.free[g].append(blk)
 
+    def fill_history(self, lengths: Sequence[int], generator: torch.Generator | None = None,
+                     scale: float = 1.0) -> None:
+        """Gives request r a history of ``lengths[r]`` tokens of random K/V, laid out as if prefilled: the
+        blocks a sliding group has already dropped are the null block, slots past the history stay NaN.
+        Faster than stepping the model through long contexts; the attention reads whatever is cached."""
+        bs = self.block_size
+        for r, n in enumerate(lengths):
+            if self.lens[r]:
+                raise ValueError(f"request {r} already has a history")
+            for g in range(len(self.groups)):
+                window = self._window_of(g)
+                # blocks still needed when the next token (position n) attends
+                first = 0 if window is None else max(0, n - window + 1) // bs
+                for j in range(first, -(-n // bs)):
+                    blk = self.free[g].pop()
+                    self.tables[g][r, j] = blk
+                    valid = min(bs, n - j * bs)
+                    for layer in self.groups[g]:
+                        cache = self.kv_caches[layer]
+                        vals = torch.randn((2, valid) + tuple(cache.shape[3:]), generator=generator,
+                                           dtype=torch.float32) * scale
+                        cache[blk, :, :valid] = vals.to(device=cache.device, dtype=cache.dtype)
+            self.lens[r] = n
+
     def step(self, tokens: Sequence[int | None]) -> DecodeInputs:
         """One decode step: ``tokens[r]`` is request r's new token, ``None`` makes row r padding."""
         n = len(tokens)

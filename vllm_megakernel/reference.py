@@ -250,12 +250,36 @@ def attend(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, seq_
     return out.reshape(q.shape).to(q.dtype)
 
 
-def moe(h: torch.Tensor, lw: LayerWeights, dims: ModelDims) -> torch.Tensor:
-    logits = h @ lw.router.t()
-    scores = logits.float().sigmoid()
-    weights, experts = torch.topk(scores, dims.top_k, dim=-1)
+def route(h: torch.Tensor, router: torch.Tensor, dims: ModelDims) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sigmoid top-k routing: (weights fp32 [B, K], experts [B, K]).
+
+    Router logits are rounded to the activation dtype (vLLM's gate is a linear layer in that dtype), so
+    exact ties between experts happen; they go to the lower expert id (a stable sort), which the kernel
+    does too. ``torch.topk`` leaves tie order unspecified.
+    """
+    scores = (h @ router.t()).float().sigmoid()
+    weights, experts = torch.sort(scores, dim=-1, descending=True, stable=True)
+    weights, experts = weights[:, : dims.top_k], experts[:, : dims.top_k]
     if dims.norm_topk_prob:
         weights = weights / weights.sum(-1, keepdim=True)
+    return weights, experts
+
+
+def moe(h: torch.Tensor, lw: LayerWeights, dims: ModelDims, forced: torch.Tensor | None = None,
+        record: list | None = None) -> torch.Tensor:
+    """The routed experts. ``forced`` [B, K] replaces the top-k choice (weights are still this layer's
+    sigmoid scores of those experts), so another implementation's routing can be replayed; ``record``
+    receives this layer's scores [B, E] and choice."""
+    weights, experts = route(h, lw.router, dims)
+    if record is not None or forced is not None:
+        scores = (h @ lw.router.t()).float().sigmoid()
+        if record is not None:
+            record.append((scores, experts))
+        if forced is not None:
+            experts = forced.long()
+            weights = scores.gather(1, experts)
+            if dims.norm_topk_prob:
+                weights = weights / weights.sum(-1, keepdim=True)
     out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
     inter = lw.w2.shape[-1]
     for b in range(h.shape[0]):
@@ -273,8 +297,13 @@ def dense_mlp(h: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
 
 
 @torch.no_grad()
-def decode_step(dims: ModelDims, weights: Weights, inp: DecodeInputs) -> torch.Tensor:
-    """Final hidden states [B, H] for one decode step; writes each live row's new K/V into the caches."""
+def decode_step(dims: ModelDims, weights: Weights, inp: DecodeInputs,
+                forced_experts: torch.Tensor | None = None, routing: dict | None = None) -> torch.Tensor:
+    """Final hidden states [B, H] for one decode step; writes each live row's new K/V into the caches.
+
+    ``forced_experts`` [num_layers, B, K] replays another implementation's expert choice on MoE layers
+    (see :func:`moe`); ``routing``, a dict, receives {layer: (scores [B, E], own choice [B, K])}.
+    """
     live = inp.seq_lens > 0
     x = weights.embed[inp.input_ids.long()]
     d, hq, hkv = dims.head_dim, dims.num_heads, dims.num_kv_heads
@@ -296,7 +325,13 @@ def decode_step(dims: ModelDims, weights: Weights, inp: DecodeInputs) -> torch.T
             if live[b]:
                 attn[b] = attend(q[b], cache, group.block_table[b], int(inp.seq_lens[b]), window, hkv)
         attn_out = attn.reshape(q.shape[0], hq * d) @ lw.o.t()
-        mlp_out = dense_mlp(h, lw) if dims.dense[i] else moe(h, lw, dims)
+        if dims.dense[i]:
+            mlp_out = dense_mlp(h, lw)
+        else:
+            rec = [] if routing is not None else None
+            mlp_out = moe(h, lw, dims, None if forced_experts is None else forced_experts[i], rec)
+            if rec:
+                routing[i] = rec[0]
         x = x + attn_out + mlp_out
     out = rms_norm(x, weights.final_norm, dims.eps)
     return torch.where(live[:, None], out, torch.zeros_like(out))

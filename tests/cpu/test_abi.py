@@ -37,3 +37,8 @@ def test_missing_or_unknown_fields_are_refused():
 def test_unused_waits_are_no_barrier():
     words = abi.encode(abi.Op.ROUTER, 1, [(4, 1)], abi.NO_BARRIER, 0)
     assert words[abi.field_index(abi.Op.ROUTER, "wait1_barrier")] == abi.NO_BARRIER
+
+
+def test_built_extension_reports_this_abi_version():
+    _C = pytest.importorskip("vllm_megakernel._C", reason="extension not built (no nvcc at install time)")
+    assert _C.build_info()["abi_version"] == abi.ABI_VERSION

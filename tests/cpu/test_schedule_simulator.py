@@ -148,3 +148,19 @@ def test_full_model_schedule_at_batch_1_is_consistent():
     per_layer = sum(1 for t in s.tasks if t.layer == 5)
     # qkv 40 + router 1 + attn 4*8 + up 8*6 + combine 4 + down 8*16 + o 16 + moe combine 16 + norm 1
     assert per_layer == 40 + 1 + 32 + 48 + 4 + 128 + 16 + 16 + 1
+
+
+def test_replaying_the_reference_routing_reproduces_it(dims, weights):
+    """forced_experts (how GPU tests replay the kernel's expert choice) with the reference's own choice
+    changes nothing."""
+    sim = PagedKVSim(dims, num_requests=3, max_len=12, block_size=4, seed=1)
+    sim.fill_history([5, 9, 2], generator=torch.Generator().manual_seed(1))
+    inp = sim.step([3, 4, 5])
+    routing = {}
+    a = ref.decode_step(dims, weights, clone_inputs(inp), routing=routing)
+    forced = torch.zeros(dims.num_layers, 3, dims.top_k, dtype=torch.int32)
+    for layer, (_, own) in routing.items():
+        forced[layer] = own
+    b = ref.decode_step(dims, weights, clone_inputs(inp), forced_experts=forced)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert len(routing) == sum(not d for d in dims.dense)

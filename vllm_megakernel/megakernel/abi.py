@@ -79,6 +79,35 @@ ERROR_FIELDS = (
     "seen",
 )
 
+# The step table: one int64 word per field, built by the host once per (padded batch, buffer addresses) and
+# read by every task. Pointers are device addresses; fields marked (f64) hold a double's bit pattern.
+STEP_FIELDS = (
+    "batch", "hidden", "num_heads", "num_kv_heads", "head_dim", "num_experts", "top_k",
+    "moe_intermediate", "dense_intermediate", "norm_topk_prob",
+    "eps_f64", "rope_theta_f64",
+    "sliding_window", "tile_n", "attn_splits", "num_slots", "block_size", "timeout_ns",
+    # model-wide weights
+    "embed", "final_norm",
+    # per-step inputs from vLLM's persistent buffers: int32 ids, int64 positions, int32 seq_lens
+    "input_ids", "positions", "seq_lens",
+    # workspace (bf16 unless noted): x, hn, o, mlp, out [B, H]; q [B, Hq, D]; attn [B, Hq*D];
+    # opart f32 [B, Hkv, S, G, D]; lse f32 [B, Hkv, S, G]; dact [B, dense_I]; act [B*K, I];
+    # eout [B*K, H]; topk_w f32 [B, K]; route int32 [1 + 2*slots + slots*B]
+    "x", "hn", "q", "opart", "lse", "attn", "o", "mlp", "out", "dact", "act", "eout", "topk_w", "route",
+    # optional (0 = off): int32 [num_layers, B, K], every MoE layer's chosen experts (accuracy tooling)
+    "route_log",
+)
+
+# The layer table: one row of int64 words per layer. The KV cache is vLLM's FlashAttention layout
+# (num_blocks, 2, block_size, num_kv_heads, head_dim) with strides in elements (head_dim is contiguous);
+# block_table / slot_mapping are the layer's KV-cache group's (int32 / int64).
+LAYER_FIELDS = (
+    "dense", "sliding", "rope",
+    "norm_w", "qkv_w", "o_w", "gate_up_w", "down_w", "router_w", "w13", "w2",
+    "kv_cache", "kv_stride_block", "kv_stride_kv", "kv_stride_token", "kv_stride_head",
+    "block_table", "block_table_stride", "slot_mapping",
+)
+
 for _op in Op:
     assert _op in OP_FIELDS, f"{_op.name} has no field list"
     assert len(HEADER_FIELDS) + len(OP_FIELDS[_op]) <= TASK_WORDS, _op.name
@@ -144,6 +173,11 @@ def render_header() -> str:
             lines.append(f"// {op.name}")
             lines += [f"constexpr int F_{op.name}_{name.upper()} = {field_index(op, name)};"
                       for name in OP_FIELDS[op]]
+    lines += ["", "// Step table words (int64; *_F64 hold a double's bits)."]
+    lines += [f"constexpr int S_{name.upper()} = {i};" for i, name in enumerate(STEP_FIELDS)]
+    lines += [f"constexpr int kStepWords = {len(STEP_FIELDS)};", "", "// Layer table words (int64)."]
+    lines += [f"constexpr int L_{name.upper()} = {i};" for i, name in enumerate(LAYER_FIELDS)]
+    lines += [f"constexpr int kLayerWords = {len(LAYER_FIELDS)};"]
     lines += ["", "// Error record words."]
     lines += [f"constexpr int E_{name.upper()} = {i};" for i, name in enumerate(ERROR_FIELDS)]
     lines += [f"constexpr int kErrorWords = {len(ERROR_FIELDS)};", "", "}  // namespace vllm_megakernel::abi", ""]

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from vllm_megakernel.megakernel.abi import NO_BARRIER, Op
 from vllm_megakernel.megakernel.schedule import Schedule, Task
-from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, rope_interleaved
+from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, rope_interleaved, route
 
 
 class ScheduleError(RuntimeError):
@@ -286,10 +286,7 @@ class Numerics:
     # -- MoE
     def router(self, layer: int) -> None:
         dims = self.dims
-        scores = (self.hn @ self.w.layers[layer].router.t()).float().sigmoid()
-        weights, experts = torch.topk(scores, dims.top_k, dim=-1)
-        if dims.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdim=True)
+        weights, experts = route(self.hn, self.w.layers[layer].router, dims)
         self.topk_w[:] = weights
         rows: dict[int, list[int]] = defaultdict(list)
         for r in range(experts.shape[0]):

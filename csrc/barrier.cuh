@@ -1,0 +1,66 @@
+// Dependency counters between tasks on different SMs.
+//
+// Protocol (one per dependency edge, O(1) fan-in and fan-out): a finishing task makes its writes visible
+// device-wide and then adds one to its signal counter with release semantics; a starting task spins on an
+// acquire load until the counter reaches the number of tasks that signal it (computed by the host
+// schedule). Counters are zeroed by the host before every step (inside the captured graph).
+//
+// Every wait is bounded: past the timeout the waiter records which task, SM, opcode, layer and barrier
+// stalled and what it saw, raises the abort flag (error word 0) and the whole grid unwinds. A wrong count
+// therefore fails loudly and names itself instead of hanging the GPU.
+#pragma once
+
+#include <cuda/atomic>
+
+#include "common.cuh"
+
+namespace vllm_megakernel {
+
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ bool aborted(const int* error) {
+  return cuda::atomic_ref<const int, cuda::thread_scope_device>(*error).load(cuda::memory_order_relaxed) != 0;
+}
+
+// Called by ONE thread. Returns false when the step was aborted (by this wait or another SM's).
+__device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* error, long long timeout_ns,
+                                    const int* desc) {
+  if (barrier == abi::kNoBarrier) return true;
+  cuda::atomic_ref<int, cuda::thread_scope_device> ctr(barriers[barrier]);
+  int seen = ctr.load(cuda::memory_order_acquire);
+  if (seen >= count) return true;
+  const unsigned long long start = global_timer_ns();
+  while (true) {
+    __nanosleep(20);
+    seen = ctr.load(cuda::memory_order_acquire);
+    if (seen >= count) return true;
+    if (aborted(error)) return false;
+    if ((long long)(global_timer_ns() - start) > timeout_ns) {
+      // First reporter wins; the record is complete before the flag is published.
+      if (atomicCAS(&error[abi::E_SM], -1, (int)blockIdx.x) == -1) {
+        error[abi::E_TASK_INDEX] = desc[abi::F_TASK_INDEX];
+        error[abi::E_OPCODE] = desc[abi::F_OPCODE];
+        error[abi::E_LAYER] = desc[abi::F_LAYER];
+        error[abi::E_BARRIER] = barrier;
+        error[abi::E_EXPECTED] = count;
+        error[abi::E_SEEN] = seen;
+        __threadfence();
+        atomicExch(&error[abi::E_FLAG], 1);
+      }
+      return false;
+    }
+  }
+}
+
+// Called by ONE thread after a worker_sync() that follows every worker's writes and __threadfence().
+__device__ __forceinline__ void arrive_barrier(int* barriers, int barrier) {
+  if (barrier == abi::kNoBarrier) return;
+  cuda::atomic_ref<int, cuda::thread_scope_device> ctr(barriers[barrier]);
+  ctr.fetch_add(1, cuda::memory_order_release);
+}
+
+}  // namespace vllm_megakernel

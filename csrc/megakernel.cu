@@ -1,0 +1,129 @@
+// The persistent decode megakernel: one block per SM walks its own task list for the whole step.
+//
+// Warp 0 (controller) copies upcoming descriptors from global memory into a shared ring of kRingSlots so
+// workers never wait on a descriptor fetch. Warps 1.. (workers) take descriptors in order: one worker
+// thread waits on the task's input barriers (bounded, see barrier.cuh), all workers run the opcode body,
+// make their writes visible, and one thread signals the task's barrier. Workers join on a named barrier
+// that leaves the controller out.
+#include <stdexcept>
+#include <string>
+
+#include "barrier.cuh"
+#include "common.cuh"
+#include "megakernel.cuh"
+#include "ops/attention.cuh"
+#include "ops/dense_ffn.cuh"
+#include "ops/moe.cuh"
+#include "ops/norm.cuh"
+#include "ops/o_proj.cuh"
+#include "ops/qkv_rope.cuh"
+#include "ops/router.cuh"
+
+namespace vllm_megakernel {
+namespace {
+
+__device__ void run_task(const Step& st, const long long* layer_table, const int* desc, float* smem) {
+  const int op = desc[abi::F_OPCODE];
+  const int layer = desc[abi::F_LAYER];
+  const Layer ly{layer_table + (long long)layer * abi::kLayerWords};
+  switch (op) {
+    case abi::OP_EMBED_RMSNORM: op_norm<NormKind::kEmbed>(st, ly.ptr<const bf16>(abi::L_NORM_W)); break;
+    case abi::OP_ADD_RMSNORM: op_norm<NormKind::kAdd>(st, ly.ptr<const bf16>(abi::L_NORM_W)); break;
+    case abi::OP_FINAL_NORM: op_norm<NormKind::kFinal>(st, st.ptr<const bf16>(abi::S_FINAL_NORM)); break;
+    case abi::OP_QKV_ROPE: op_qkv_rope(st, ly, desc, smem); break;
+    case abi::OP_ATTN_PARTIAL: op_attn_partial(st, ly, desc); break;
+    case abi::OP_ATTN_COMBINE: op_attn_combine(st, desc); break;
+    case abi::OP_O_PROJ: op_o_proj(st, ly, desc); break;
+    case abi::OP_DENSE_UPGATE: op_dense_upgate(st, ly, desc, smem); break;
+    case abi::OP_DENSE_DOWN: op_dense_down(st, ly, desc); break;
+    case abi::OP_ROUTER: op_router(st, ly, layer, smem); break;
+    case abi::OP_MOE_UPGATE: op_moe_upgate(st, ly, desc, smem); break;
+    case abi::OP_MOE_DOWN: op_moe_down(st, ly, desc); break;
+    case abi::OP_MOE_COMBINE: op_moe_combine(st, desc); break;
+    default: break;  // unknown opcodes are refused by the host encoder
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_kernel(const long long* __restrict__ step_table, const long long* __restrict__ layer_table,
+                  const int* __restrict__ tasks, int max_tasks, int* barriers, int* error) {
+  __shared__ long long s_step[abi::kStepWords];
+  __shared__ int s_ring[kRingSlots][abi::kTaskWords];
+  __shared__ volatile int s_full[kRingSlots];
+  __shared__ volatile int s_abort;
+  extern __shared__ float smem[];
+
+  for (int i = threadIdx.x; i < abi::kStepWords; i += kThreads) s_step[i] = step_table[i];
+  if (threadIdx.x < kRingSlots) s_full[threadIdx.x] = 0;
+  if (threadIdx.x == 0) s_abort = 0;
+  __syncthreads();  // the only full-block barrier: before the roles split
+
+  const int* my_tasks = tasks + (long long)blockIdx.x * max_tasks * abi::kTaskWords;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (warp == 0) {  // controller
+    for (int i = 0; i < max_tasks; ++i) {
+      const int slot = i % kRingSlots;
+      while (s_full[slot]) {
+        if (s_abort) return;
+        __nanosleep(32);
+      }
+      const int word = my_tasks[(long long)i * abi::kTaskWords + lane];
+      s_ring[slot][lane] = word;
+      __syncwarp();
+      __threadfence_block();  // the descriptor is in shared memory before the slot is marked full
+      const int op = __shfl_sync(0xffffffffu, word, 0);
+      if (lane == 0) s_full[slot] = 1;
+      if (op == abi::OP_END) return;
+    }
+    return;
+  }
+
+  const Step st{s_step};
+  const long long timeout_ns = s_step[abi::S_TIMEOUT_NS];
+  const bool leader = threadIdx.x == 32;
+  __shared__ int s_desc[abi::kTaskWords];
+  for (int i = 0; i < max_tasks; ++i) {
+    const int slot = i % kRingSlots;
+    if (leader) {
+      while (!s_full[slot]) __nanosleep(32);
+      __threadfence_block();
+    }
+    worker_sync();
+    if (threadIdx.x - 32 < abi::kTaskWords) s_desc[threadIdx.x - 32] = s_ring[slot][threadIdx.x - 32];
+    worker_sync();
+    if (leader) s_full[slot] = 0;  // every worker has its copy: the controller may refill the slot
+    if (s_desc[abi::F_OPCODE] == abi::OP_END) return;
+    if (leader) {
+      const bool ok = wait_barrier(barriers, s_desc[abi::F_WAIT0_BARRIER], s_desc[abi::F_WAIT0_COUNT], error,
+                                   timeout_ns, s_desc) &&
+                      wait_barrier(barriers, s_desc[abi::F_WAIT1_BARRIER], s_desc[abi::F_WAIT1_COUNT], error,
+                                   timeout_ns, s_desc);
+      if (!ok) s_abort = 1;
+    }
+    worker_sync();
+    if (s_abort) return;  // the controller sees s_abort too and stops refilling
+    run_task(st, layer_table, s_desc, smem);
+    __threadfence();  // this thread's outputs are visible device-wide before the signal below
+    worker_sync();
+    if (leader) arrive_barrier(barriers, s_desc[abi::F_SIGNAL_BARRIER]);
+  }
+}
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("vllm_megakernel: ") + what + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace
+
+void launch_decode(const LaunchArgs& a, cudaStream_t stream) {
+  if (a.grid <= 0 || a.max_tasks <= 0) throw std::invalid_argument("vllm_megakernel: empty task list");
+  check(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)a.smem_bytes),
+        "raising the dynamic shared-memory limit");
+  decode_kernel<<<a.grid, kThreads, a.smem_bytes, stream>>>(a.step_table, a.layer_table, a.tasks, a.max_tasks,
+                                                           a.barriers, a.error);
+  check(cudaGetLastError(), "launching the decode megakernel");
+}
+
+}  // namespace vllm_megakernel

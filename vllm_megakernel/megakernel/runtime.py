@@ -1,0 +1,173 @@
+"""Device side of the host: the step and layer tables, the workspace, the launch, and stall reports.
+
+Everything the kernel reads is described by :mod:`vllm_megakernel.megakernel.abi`: the task list (from
+:class:`~vllm_megakernel.megakernel.schedule.Schedule`), a step table of int64 words (dimensions, weight and
+workspace addresses, vLLM's per-step input buffers) and one layer-table row per layer (weights, KV cache
+and its strides, the layer's KV-cache group's block table and slot mapping). Weights and KV caches are
+read in place: only addresses are stored. All buffers stay at fixed addresses for the life of a
+:class:`DeviceStep`, so a launch can be captured in a CUDA graph and replayed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import torch
+
+from vllm_megakernel.megakernel import abi
+from vllm_megakernel.megakernel.schedule import Schedule
+from vllm_megakernel.reference import DecodeInputs, Weights
+
+
+class MegakernelStallError(RuntimeError):
+    """A task's wait timed out: the kernel gave up and recorded which task and barrier stalled."""
+
+
+def _f64_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def _addr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+@dataclasses.dataclass
+class DeviceStep:
+    schedule: Schedule
+    step_table: torch.Tensor
+    layer_table: torch.Tensor
+    tasks: torch.Tensor
+    barriers: torch.Tensor
+    error: torch.Tensor
+    workspace: dict[str, torch.Tensor]
+    smem_bytes: int
+    keepalive: list[torch.Tensor]  # converted inputs referenced by address in the tables
+
+    @property
+    def out(self) -> torch.Tensor:
+        return self.workspace["out"]
+
+
+def _error_init(device) -> torch.Tensor:
+    err = torch.zeros(len(abi.ERROR_FIELDS), dtype=torch.int32, device=device)
+    err[abi.ERROR_FIELDS.index("sm")] = -1
+    return err
+
+
+def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
+               route_log: bool = False) -> DeviceStep:
+    """Tables and workspace for ``schedule`` over these weights and input buffers (all on one CUDA device).
+
+    ``route_log`` adds ``workspace["route_log"]`` (int32 [num_layers, B, K]): each MoE layer's experts.
+    """
+    dims, shape = schedule.dims, schedule.shape
+    B, H, D = shape.batch, dims.hidden, dims.head_dim
+    Hq, Hkv, K, S = dims.num_heads, dims.num_kv_heads, dims.top_k, shape.attn_splits
+    dev, dt = weights.embed.device, weights.embed.dtype
+    if dt != torch.bfloat16:
+        raise ValueError(f"the megakernel runs bf16 weights, got {dt}")
+    moe_i = next(lw.w2.shape[2] for lw in weights.layers if lw.w2 is not None)
+    dense_i = next((lw.down.shape[1] for lw in weights.layers if lw.down is not None), 0)
+    slots = schedule.num_slots
+    nan = float("nan")
+
+    def buf(*size, dtype=dt):
+        return torch.full(size, nan, dtype=dtype, device=dev) if dtype.is_floating_point else \
+            torch.zeros(size, dtype=dtype, device=dev)
+
+    ws = {
+        "x": buf(B, H), "hn": buf(B, H), "q": buf(B, Hq, D), "opart": buf(B, Hkv, S, Hq // Hkv, D, dtype=torch.float32),
+        "lse": buf(B, Hkv, S, Hq // Hkv, dtype=torch.float32), "attn": buf(B, Hq * D), "o": buf(B, H),
+        "mlp": buf(B, H), "out": buf(B, H), "dact": buf(B, max(dense_i, 8)), "act": buf(B * K, moe_i),
+        "eout": buf(B * K, H), "topk_w": buf(B, K, dtype=torch.float32),
+        "route": buf(1 + 2 * slots + slots * B, dtype=torch.int32),
+    }
+    if route_log:
+        ws["route_log"] = torch.full((dims.num_layers, B, K), -1, dtype=torch.int32, device=dev)
+    ids = inputs.input_ids.to(device=dev, dtype=torch.int32).contiguous()
+    positions = inputs.positions.to(device=dev, dtype=torch.int64).contiguous()
+    seq_lens = inputs.seq_lens.to(device=dev, dtype=torch.int32).contiguous()
+    if ids.shape[0] != B:
+        raise ValueError(f"inputs have batch {ids.shape[0]}, schedule {B}")
+    keep = [ids, positions, seq_lens]
+
+    step = {
+        "batch": B, "hidden": H, "num_heads": Hq, "num_kv_heads": Hkv, "head_dim": D,
+        "num_experts": dims.num_experts, "top_k": K, "moe_intermediate": moe_i, "dense_intermediate": dense_i,
+        "norm_topk_prob": int(dims.norm_topk_prob), "eps_f64": _f64_bits(dims.eps),
+        "rope_theta_f64": _f64_bits(dims.rope_theta), "sliding_window": dims.sliding_window or 0,
+        "tile_n": shape.tile_n, "attn_splits": S, "num_slots": slots,
+        "block_size": inputs.kv_caches[0].shape[2], "timeout_ns": int(timeout_s * 1e9),
+        "embed": _addr(weights.embed), "final_norm": _addr(weights.final_norm),
+        "input_ids": _addr(ids), "positions": _addr(positions), "seq_lens": _addr(seq_lens),
+        **{name: _addr(t) for name, t in ws.items()},
+    }
+    step.setdefault("route_log", 0)
+    step_table = torch.tensor([step[f] for f in abi.STEP_FIELDS], dtype=torch.int64, device=dev)
+
+    rows = []
+    for i, lw in enumerate(weights.layers):
+        cache = inputs.kv_caches[i]
+        if cache.dtype != dt or cache.stride(-1) != 1:
+            raise ValueError(f"layer {i}: KV cache must be {dt} with a contiguous head_dim")
+        group = inputs.groups[inputs.layer_group[i]]
+        table = group.block_table.to(device=dev, dtype=torch.int32).contiguous()
+        slots_map = group.slot_mapping.to(device=dev, dtype=torch.int64).contiguous()
+        keep += [table, slots_map]
+        row = {
+            "dense": int(dims.dense[i]), "sliding": int(dims.sliding[i]), "rope": int(dims.rope[i]),
+            "norm_w": _addr(lw.norm), "qkv_w": _addr(lw.qkv), "o_w": _addr(lw.o), "gate_up_w": _addr(lw.gate_up),
+            "down_w": _addr(lw.down), "router_w": _addr(lw.router), "w13": _addr(lw.w13), "w2": _addr(lw.w2),
+            "kv_cache": _addr(cache), "kv_stride_block": cache.stride(0), "kv_stride_kv": cache.stride(1),
+            "kv_stride_token": cache.stride(2), "kv_stride_head": cache.stride(3),
+            "block_table": _addr(table), "block_table_stride": table.stride(0), "slot_mapping": _addr(slots_map),
+        }
+        for name in ("norm_w", "qkv_w", "o_w", "gate_up_w", "down_w", "router_w", "w13", "w2"):
+            t = getattr(lw, {"norm_w": "norm", "qkv_w": "qkv", "o_w": "o"}.get(name, name.removesuffix("_w")))
+            if t is not None and (not t.is_contiguous() or t.dtype != dt):
+                raise ValueError(f"layer {i}: {name} must be contiguous {dt}")
+        rows.append([row[f] for f in abi.LAYER_FIELDS])
+    layer_table = torch.tensor(rows, dtype=torch.int64, device=dev)
+
+    smem_floats = max(B * D, B * dims.num_experts + B * K + dims.num_experts, B * shape.tile_n)
+    return DeviceStep(
+        schedule=schedule, step_table=step_table, layer_table=layer_table,
+        tasks=schedule.encode().to(dev), barriers=torch.zeros(len(schedule.barriers), dtype=torch.int32, device=dev),
+        error=_error_init(dev), workspace=ws, smem_bytes=4 * smem_floats, keepalive=keep,
+    )
+
+
+def launch(step: DeviceStep) -> None:
+    """Enqueues one step on torch's current stream: zero the barriers, run the kernel. No host sync."""
+    from vllm_megakernel import _C
+
+    step.barriers.zero_()
+    _C.launch_decode(
+        step_table=step.step_table.data_ptr(), layer_table=step.layer_table.data_ptr(),
+        tasks=step.tasks.data_ptr(), max_tasks=step.tasks.shape[1], grid=step.tasks.shape[0],
+        barriers=step.barriers.data_ptr(), error=step.error.data_ptr(), smem_bytes=step.smem_bytes,
+        stream=torch.cuda.current_stream(step.tasks.device).cuda_stream,
+    )
+
+
+def check(step: DeviceStep) -> None:
+    """Synchronises and raises :class:`MegakernelStallError` if a wait timed out (then clears the record)."""
+    err = dict(zip(abi.ERROR_FIELDS, step.error.tolist()))
+    if not err["flag"]:
+        return
+    step.error.copy_(_error_init(step.error.device))
+    s = step.schedule
+    task = s.tasks[err["task_index"]] if 0 <= err["task_index"] < len(s.tasks) else None
+    what = task.describe() if task else f"task {err['task_index']}"
+    raise MegakernelStallError(
+        f"megakernel stalled: {what} (opcode {abi.Op(err['opcode']).name}, layer {err['layer']}) on SM {err['sm']} "
+        f"waited on barrier {err['barrier']} ({s.barrier_name(err['barrier'])}): expected {err['expected']}, "
+        f"saw {err['seen']}"
+    )
+
+
+def run_step(step: DeviceStep) -> torch.Tensor:
+    launch(step)
+    check(step)
+    return step.out
