@@ -25,9 +25,8 @@ PYBIND11_MODULE(_C, m) {
     info["cuda_arch"] = "sm_90a";
     info["cuda_runtime"] = CUDART_VERSION;
     info["abi_version"] = vllm_megakernel::abi::kAbiVersion;
-    // True once vLLM's decode may be routed to the megakernel (the kernel exists; the vLLM integration --
-    // per-batch task lists, CUDA-graph capture, metadata plumbing -- does not yet).
-    info["decode_kernel"] = false;
+    // vLLM's decode may be routed to launch_decode (Python refuses otherwise).
+    info["decode_kernel"] = true;
     return info;
   });
 

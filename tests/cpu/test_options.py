@@ -152,3 +152,14 @@ def test_cli_flag_reaches_the_options_and_the_compile_cache_key():
     hashes = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(hashes) == {"True", "False"}
     assert hashes["True"] != hashes["False"]
+
+
+def test_automatic_mode_is_opt_in_while_v1_is_validated():
+    from vllm_megakernel.options import AUTOMATIC_DEFAULT, OPT_IN_REASON
+
+    d = decide(MegakernelOptions(), None, [])
+    assert d.use_megakernel == AUTOMATIC_DEFAULT
+    if not AUTOMATIC_DEFAULT:
+        assert d.reasons == (OPT_IN_REASON,)
+        with pytest.raises(MegakernelUnsupportedError, match="opt-in"):
+            decide(MegakernelOptions(strict=True), None, [])

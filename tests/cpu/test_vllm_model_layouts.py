@@ -115,9 +115,14 @@ def test_attention_layers_carry_the_config_sliding_window(loaded):
         == list(dims.rope)
 
 
-def test_explicit_enable_without_a_usable_kernel_fails_at_construction(vllm_cpu):
-    with pytest.raises(MegakernelUnavailableError, match="asks for the megakernel"):
-        vllm_cpu(TINY_CONFIG, additional_config={"megakernel": {"enabled": True}})
+def test_explicit_enable_on_an_unsupported_setup_falls_back_or_raises_with_strict(vllm_cpu):
+    from vllm_megakernel.options import MegakernelUnsupportedError
+
+    model, _ = vllm_cpu(TINY_CONFIG, additional_config={"megakernel": {"enabled": True}})
+    assert not model.megakernel_decision.use_megakernel and model.megakernel is None
+    assert any("not CUDA" in r for r in model.megakernel_decision.reasons)
+    with pytest.raises(MegakernelUnsupportedError, match="not CUDA"):
+        vllm_cpu(TINY_CONFIG, additional_config={"megakernel": {"enabled": True, "strict": True}})
 
 
 def test_unknown_option_key_fails_at_construction(vllm_cpu):

@@ -1,13 +1,18 @@
 """Our subclass of vLLM's in-tree ``Cohere2MoeForCausalLM`` (North Mini Code).
 
-It adds the megakernel decision and nothing else: with the megakernel off (or unavailable) every method is
-vLLM's own, so the B side of an A/B is stock vLLM on the same weights, KV cache and graphs.
+With the megakernel off (or unavailable) every method is vLLM's own, so the B side of an A/B is stock vLLM
+on the same weights, KV cache and graphs. With it on, pure-decode batches (one query token per request)
+up to the megakernel's batch limit run as one megakernel launch that writes the final hidden states into
+a persistent buffer; everything else -- prefill, mixed batches, profiling runs, larger batches -- calls
+vLLM's forward. The branch is taken here, outside the torch.compile'd model, and each FULL decode graph
+captures whichever side its batch size takes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
 from torch import nn
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
@@ -48,6 +53,27 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
         options = parse_options(vllm_config.additional_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.megakernel_decision: Decision = self._decide(vllm_config, options)
+        self.megakernel = None
+        if self.megakernel_decision.use_megakernel:
+            from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder
+
+            ext, _ = extension.load()
+            self.megakernel = MegakernelDecoder(
+                self, vllm_config.model_config.hf_config, vllm_config.model_config.max_model_len,
+                num_sms=ext.query_device(torch.cuda.current_device())["sm_count"],
+            )
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        mk = self.megakernel
+        if mk is not None and mk.eligible(input_ids, inputs_embeds, intermediate_tensors):
+            return mk.decode(input_ids, positions)
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states):
+        if self.megakernel is not None:
+            hidden_states = self.megakernel.poison_on_error(hidden_states)
+        return super().compute_logits(hidden_states)
 
     def _decide(self, vllm_config: VllmConfig, options) -> Decision:
         if options.enabled is False:
@@ -63,6 +89,9 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
             )
             if not current_platform.is_cuda():
                 reasons.append(f"platform {type(current_platform).__name__} is not CUDA")
+            from vllm_megakernel.megakernel.vllm_decoder import unsupported_model_reasons
+
+            reasons += unsupported_model_reasons(vllm_config.model_config.hf_config)
             decision = decide(options, problem, reasons)
         log = logger.warning if options.explicitly_enabled and not decision.use_megakernel else logger.info
         log(decision.log_line())

@@ -1,0 +1,164 @@
+"""The megakernel inside vLLM: which batches it takes, and one task list per padded batch size.
+
+vLLM captures the whole model forward in a FULL CUDA graph per padded decode batch size, replaying it
+without running Python. So everything a launch reads must sit at a fixed address: vLLM's persistent input
+buffers (input ids, positions), the attention metadata it rebuilds in place each step (seq_lens, block
+tables, slot mappings -- one of each per KV-cache group of the hybrid manager), the KV caches, the weights,
+and our own workspace and tables. A task list is built in the eager warm-up pass vLLM runs right before it
+captures a size, and is keyed by every address it embeds: vLLM first captures against a temporary KV
+cache while it profiles memory and then frees it, so a changed key means "rebuild", and a capture that
+finds no matching task list is an error rather than a stale replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vllm_megakernel.megakernel import runtime
+from vllm_megakernel.megakernel.schedule import Schedule, StepShape, attn_splits_for, build_schedule
+from vllm_megakernel.reference import DecodeInputs, KVGroup, ModelDims, Weights
+
+# The largest padded batch the megakernel serves; bigger decode batches take vLLM's stock path.
+MAX_BATCH = 64
+
+
+def unsupported_model_reasons(hf_config, tile_n: int = 128) -> list[str]:
+    """Model shapes the v1 kernel cannot tile (North Mini Code itself fits)."""
+    dims = ModelDims.from_config(hf_config)
+    reasons = []
+    sizes = {"hidden_size": dims.hidden, "intermediate_size": hf_config.intermediate_size,
+             "prefix_dense_intermediate_size": getattr(hf_config, "prefix_dense_intermediate_size", None) or 0}
+    for name, n in sizes.items():
+        if n % tile_n:
+            reasons.append(f"{name}={n} is not a multiple of the kernel's tile ({tile_n})")
+    if dims.head_dim > 256 or dims.head_dim % 8:
+        reasons.append(f"head_dim={dims.head_dim} (the kernel takes multiples of 8 up to 256)")
+    if dims.num_heads % dims.num_kv_heads:
+        reasons.append("query heads are not a multiple of KV heads")
+    return reasons
+
+
+def is_pure_decode(attn_metadata) -> bool:
+    """Every request has exactly one query token and nothing asks for cascade attention."""
+    if not isinstance(attn_metadata, dict) or not attn_metadata:
+        return False  # None during profiling/dummy runs, a list under dual-batch overlap
+    for md in attn_metadata.values():
+        if getattr(md, "max_query_len", None) != 1 or getattr(md, "use_cascade", False):
+            return False
+    return True
+
+
+@dataclasses.dataclass
+class _Entry:
+    key: tuple
+    step: runtime.DeviceStep
+
+
+class MegakernelDecoder:
+    def __init__(self, model: torch.nn.Module, hf_config, max_model_len: int, num_sms: int,
+                 max_batch: int = MAX_BATCH, timeout_s: float = 5.0):
+        self.model = model
+        self.dims = ModelDims.from_config(hf_config)
+        self.moe_intermediate = hf_config.intermediate_size
+        self.dense_intermediate = getattr(hf_config, "prefix_dense_intermediate_size", None) or 0
+        self.attn_layers = [layer.self_attn.attn for layer in model.model.layers]
+        self.num_sms = num_sms
+        self.max_batch = max_batch
+        self.splits = attn_splits_for(max_model_len)
+        self.timeout_s = timeout_s
+        self.weights: Weights | None = None
+        self.entries: dict[int, _Entry] = {}
+        self.schedules: dict[int, Schedule] = {}
+        self.last: runtime.DeviceStep | None = None
+        self._error_flag_host = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=torch.cuda.is_available())
+
+    # -- which batches
+    def eligible(self, input_ids: torch.Tensor | None, inputs_embeds, intermediate_tensors) -> bool:
+        if input_ids is None or inputs_embeds is not None or intermediate_tensors is not None:
+            return False
+        if input_ids.shape[0] > self.max_batch:
+            return False
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available():
+            return False
+        return is_pure_decode(get_forward_context().attn_metadata)
+
+    # -- the launch
+    def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
+        fc = get_forward_context()
+        batch = input_ids.shape[0]
+        inputs, key = self._inputs(fc, input_ids, positions)
+        entry = self.entries.get(batch)
+        if entry is None or entry.key != key:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"vllm_megakernel: no task list for batch {batch} matches the buffers being captured; "
+                    "vLLM's eager warm-up before capture should have built it"
+                )
+            entry = _Entry(key, self._build(batch, inputs))
+            self.entries[batch] = entry
+        runtime.launch(entry.step)
+        self.last = entry.step
+        return entry.step.out[:batch]
+
+    def _inputs(self, fc, input_ids, positions) -> tuple[DecodeInputs, tuple]:
+        groups: dict[tuple, int] = {}
+        group_list: list[KVGroup] = []
+        layer_group, caches = [], []
+        key = [input_ids.shape[0], input_ids.data_ptr(), input_ids.dtype, positions.data_ptr(), positions.dtype]
+        seq_lens = None
+        for attn in self.attn_layers:
+            md = fc.attn_metadata[attn.layer_name]
+            slot_mapping = fc.slot_mapping.get(attn.layer_name, md.slot_mapping) \
+                if isinstance(fc.slot_mapping, dict) else md.slot_mapping
+            gkey = (md.block_table.data_ptr(), slot_mapping.data_ptr())
+            if gkey not in groups:
+                groups[gkey] = len(group_list)
+                group_list.append(KVGroup(block_table=md.block_table, slot_mapping=slot_mapping))
+                key += [gkey, tuple(md.block_table.shape), md.block_table.stride(0), md.block_table.dtype,
+                        slot_mapping.dtype]
+            layer_group.append(groups[gkey])
+            caches.append(attn.kv_cache)
+            key += [attn.kv_cache.data_ptr(), tuple(attn.kv_cache.shape), attn.kv_cache.stride()]
+            if seq_lens is None:
+                seq_lens = md.seq_lens
+                key += [seq_lens.data_ptr(), seq_lens.dtype]
+        inputs = DecodeInputs(input_ids=input_ids, positions=positions, seq_lens=seq_lens, kv_caches=caches,
+                              layer_group=layer_group, groups=group_list)
+        return inputs, tuple(key)
+
+    def _build(self, batch: int, inputs: DecodeInputs) -> runtime.DeviceStep:
+        if self.weights is None:  # after load_weights / process_weights_after_loading: read them in place
+            self.weights = Weights.from_vllm_model(self.model)
+        sched = self.schedules.get(batch)
+        if sched is None:
+            sched = build_schedule(self.dims, StepShape(batch=batch, num_sms=self.num_sms,
+                                                         attn_splits=self.splits),
+                                   self.moe_intermediate, self.dense_intermediate)
+            self.schedules[batch] = sched
+        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s)
+        # The step must read vLLM's buffers themselves, not copies: a copy would freeze one step's inputs.
+        for name, t in (("input_ids", inputs.input_ids), ("positions", inputs.positions),
+                        ("seq_lens", inputs.seq_lens)):
+            if all(k.data_ptr() != t.data_ptr() for k in step.keepalive):
+                raise RuntimeError(f"vllm_megakernel: vLLM's {name} buffer has an unexpected dtype or layout")
+        return step
+
+    # -- stalls never turn into plausible tokens
+    def poison_on_error(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """NaN hidden states when the last launch gave up on a barrier (device-side, no host sync), and
+        a :class:`~vllm_megakernel.megakernel.runtime.MegakernelStallError` naming the stalled task and
+        barrier one step later, from a flag copied back asynchronously."""
+        step = self.last
+        if step is None:
+            return hidden_states
+        if int(self._error_flag_host[0]):
+            runtime.check(step)  # raises with the whole error record
+        self._error_flag_host.copy_(step.error[:1], non_blocking=True)
+        failed = step.error[0] != 0
+        return torch.where(failed, torch.full_like(hidden_states, float("nan")), hidden_states)
