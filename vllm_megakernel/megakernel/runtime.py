@@ -46,7 +46,7 @@ class DeviceStep:
 
     @property
     def out(self) -> torch.Tensor:
-        return self.workspace["out"]
+        return self.workspace["out"][: self.schedule.shape.batch]
 
 
 def _error_init(device) -> torch.Tensor:
@@ -55,11 +55,39 @@ def _error_init(device) -> torch.Tensor:
     return err
 
 
-def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
-               route_log: bool = False) -> DeviceStep:
-    """Tables and workspace for ``schedule`` over these weights and input buffers (all on one CUDA device).
+def allocate_workspace(dims, max_batch: int, attn_splits: int, moe_intermediate: int, dense_intermediate: int,
+                       device, dtype=torch.bfloat16, route_log: bool = False) -> dict[str, torch.Tensor]:
+    """The kernel's scratch buffers for every batch up to ``max_batch`` (one step runs at a time, and every
+    index the kernel computes depends on the step's own batch, so smaller batches use a prefix). Filled
+    with NaN: a read of anything the step did not write shows up."""
+    B, H, D = max_batch, dims.hidden, dims.head_dim
+    Hq, Hkv, K, S = dims.num_heads, dims.num_kv_heads, dims.top_k, attn_splits
+    slots = min(dims.num_experts, B * K)
 
-    ``route_log`` adds ``workspace["route_log"]`` (int32 [num_layers, B, K]): each MoE layer's experts.
+    def buf(*size, dt=dtype):
+        if dt.is_floating_point:
+            return torch.full(size, float("nan"), dtype=dt, device=device)
+        return torch.zeros(size, dtype=dt, device=device)
+
+    ws = {
+        "x": buf(B, H), "hn": buf(B, H), "q": buf(B, Hq, D),
+        "opart": buf(B, Hkv, S, Hq // Hkv, D, dt=torch.float32), "lse": buf(B, Hkv, S, Hq // Hkv, dt=torch.float32),
+        "attn": buf(B, Hq * D), "o": buf(B, H), "mlp": buf(B, H), "out": buf(B, H),
+        "dact": buf(B, max(dense_intermediate, 8)), "act": buf(B * K, moe_intermediate), "eout": buf(B * K, H),
+        "topk_w": buf(B, K, dt=torch.float32), "route": buf(1 + 2 * slots + slots * B, dt=torch.int32),
+    }
+    if route_log:
+        ws["route_log"] = torch.full((dims.num_layers, B, K), -1, dtype=torch.int32, device=device)
+    return ws
+
+
+def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
+               route_log: bool = False, workspace: dict[str, torch.Tensor] | None = None) -> DeviceStep:
+    """Tables for ``schedule`` over these weights and input buffers (all on one CUDA device).
+
+    ``workspace`` (from :func:`allocate_workspace`, sized for this batch or more) is shared between the
+    steps of different batch sizes; without it a private one is allocated. ``route_log`` records each MoE
+    layer's experts in ``workspace["route_log"]`` (int32 [num_layers, B, K]).
     """
     dims, shape = schedule.dims, schedule.shape
     B, H, D = shape.batch, dims.hidden, dims.head_dim
@@ -70,21 +98,13 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     moe_i = next(lw.w2.shape[2] for lw in weights.layers if lw.w2 is not None)
     dense_i = next((lw.down.shape[1] for lw in weights.layers if lw.down is not None), 0)
     slots = schedule.num_slots
-    nan = float("nan")
-
-    def buf(*size, dtype=dt):
-        return torch.full(size, nan, dtype=dtype, device=dev) if dtype.is_floating_point else \
-            torch.zeros(size, dtype=dtype, device=dev)
-
-    ws = {
-        "x": buf(B, H), "hn": buf(B, H), "q": buf(B, Hq, D), "opart": buf(B, Hkv, S, Hq // Hkv, D, dtype=torch.float32),
-        "lse": buf(B, Hkv, S, Hq // Hkv, dtype=torch.float32), "attn": buf(B, Hq * D), "o": buf(B, H),
-        "mlp": buf(B, H), "out": buf(B, H), "dact": buf(B, max(dense_i, 8)), "act": buf(B * K, moe_i),
-        "eout": buf(B * K, H), "topk_w": buf(B, K, dtype=torch.float32),
-        "route": buf(1 + 2 * slots + slots * B, dtype=torch.int32),
-    }
-    if route_log:
-        ws["route_log"] = torch.full((dims.num_layers, B, K), -1, dtype=torch.int32, device=dev)
+    if workspace is None:
+        workspace = allocate_workspace(dims, B, S, moe_i, dense_i, dev, dt, route_log)
+    ws = workspace
+    need = allocate_workspace(dims, B, S, moe_i, dense_i, "meta", dt, route_log)
+    for name, t in need.items():
+        if name not in ws or ws[name].numel() < t.numel():
+            raise ValueError(f"workspace buffer {name!r} is too small for batch {B} / {S} splits")
     ids = inputs.input_ids.to(device=dev, dtype=torch.int32).contiguous()
     positions = inputs.positions.to(device=dev, dtype=torch.int64).contiguous()
     seq_lens = inputs.seq_lens.to(device=dev, dtype=torch.int32).contiguous()
@@ -101,7 +121,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
         "block_size": inputs.kv_caches[0].shape[2], "timeout_ns": int(timeout_s * 1e9),
         "embed": _addr(weights.embed), "final_norm": _addr(weights.final_norm),
         "input_ids": _addr(ids), "positions": _addr(positions), "seq_lens": _addr(seq_lens),
-        **{name: _addr(t) for name, t in ws.items()},
+        **{name: _addr(t) for name, t in ws.items() if name != "route_log" or route_log},
     }
     step.setdefault("route_log", 0)
     step_table = torch.tensor([step[f] for f in abi.STEP_FIELDS], dtype=torch.int64, device=dev)

@@ -72,6 +72,12 @@ class MegakernelDecoder:
         self.entries: dict[int, _Entry] = {}
         self.schedules: dict[int, Schedule] = {}
         self.last: runtime.DeviceStep | None = None
+        # Allocated here, in the model's constructor, so vLLM's memory profiling sees it before it sizes
+        # the KV cache; shared by the task lists of every batch size.
+        self.workspace = runtime.allocate_workspace(
+            self.dims, max_batch, self.splits, self.moe_intermediate, self.dense_intermediate,
+            device=torch.device("cuda", torch.cuda.current_device()),
+        )
         self._error_flag_host = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=torch.cuda.is_available())
 
     # -- which batches
@@ -141,7 +147,7 @@ class MegakernelDecoder:
                                                          attn_splits=self.splits),
                                    self.moe_intermediate, self.dense_intermediate)
             self.schedules[batch] = sched
-        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s)
+        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, workspace=self.workspace)
         # The step must read vLLM's buffers themselves, not copies: a copy would freeze one step's inputs.
         for name, t in (("input_ids", inputs.input_ids), ("positions", inputs.positions),
                         ("seq_lens", inputs.seq_lens)):
