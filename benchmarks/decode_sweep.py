@@ -1,0 +1,156 @@
+"""Decode sweep: megakernel and stock vLLM side by side, in one run, on the same machine and weights.
+
+    python -m benchmarks.decode_sweep --model configs/north-mini-code --load-format dummy \\
+        --batch-sizes 1,2,4,8,16,32,64 --contexts 1024,8192,32768,131072 --out benchmarks/results/NAME
+
+Each side runs in its own process (plugins and the switch are per process) with vLLM's defaults otherwise
+(torch.compile and its CUDA graphs on, FA3, Triton MoE, async scheduling); prefix caching is off so every
+request is prefilled. Per case, with random prompt ids, ignore_eos and greedy sampling:
+    per-request decode tok/s = N / (t(N + 1 new tokens) - t(1 new token)),
+repeated (median and spread reported) after one warm-up. The orchestrator also measures HBM bandwidth
+and writes results.json, table.md and PNG plots (benchmarks.report). A progress line is printed per case.
+Cases whose sequences do not all fit the KV cache at once are skipped and say so. If the megakernel side
+could not run the megakernel, the table says so plainly instead of showing a speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SIDE_CONFIG = {"megakernel": {"megakernel": {"enabled": True}}, "stock": {"megakernel": {"enabled": False}}}
+
+
+def _decision(model) -> dict:
+    d = getattr(model, "megakernel_decision", None)
+    return {"use_megakernel": bool(d and d.use_megakernel), "decision": d.log_line() if d else "plugin not loaded"}
+
+
+def worker(args) -> None:
+    """One side: build the engine once, run every case, write a JSON list of cases."""
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # for apply_model
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from benchmarks.sol import context_fits
+
+    cases = json.loads(args.cases)
+    max_ctx = max(c["context"] for c in cases)
+    max_batch = max(c["batch"] for c in cases)
+    llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True,
+              enable_prefix_caching=False, additional_config=SIDE_CONFIG[args.side],
+              max_model_len=max_ctx + args.new_tokens + 16, max_num_seqs=max(max_batch, 1),
+              gpu_memory_utilization=args.gpu_memory_utilization, seed=0)
+    cache = llm.llm_engine.vllm_config.cache_config
+    capacity = (cache.num_gpu_blocks or 0) * cache.block_size
+    info = llm.apply_model(_decision)[0]
+    rng = random.Random(args.seed)
+    results = []
+    for case in cases:
+        b, ctx = case["batch"], case["context"]
+        out = {"side": args.side, "batch": b, "context": ctx, "kv_capacity_tokens": capacity, **info}
+        if not context_fits(b, ctx, args.new_tokens, capacity):
+            out.update(status="skipped", reason=f"{b} x {ctx} tokens exceed the KV cache ({capacity} tokens)")
+        else:
+            prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(10, 100_000) for _ in range(ctx)])
+                       for _ in range(b)]
+
+            def timed(n):
+                params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+                t = time.perf_counter()
+                llm.generate(prompts, params, use_tqdm=False)
+                return time.perf_counter() - t
+
+            timed(1), timed(args.new_tokens + 1)  # warm-up at this shape
+            rates = []
+            for _ in range(args.repeats):
+                t1, tn = timed(1), timed(args.new_tokens + 1)
+                rates.append(args.new_tokens / (tn - t1))
+            out.update(status="ok", per_request_tok_s=rates)
+        results.append(out)
+        med = statistics.median(out["per_request_tok_s"]) * b if out["status"] == "ok" else None
+        print(f"[{args.side}] batch {b} context {ctx}: "
+              + (f"{med:.0f} tok/s aggregate" if med else out["reason"]), flush=True)
+    Path(args.out).write_text(json.dumps(results))
+
+
+def environment(args) -> dict:
+    import torch
+    import vllm
+
+    return {"gpu": torch.cuda.get_device_name(), "vllm": vllm.__version__, "torch": torch.__version__,
+            "repeats": args.repeats, "load_format": args.load_format, "model": str(args.model),
+            "graph_mode": "vLLM default (FULL_AND_PIECEWISE, torch.compile)", "attention": "vLLM default (FA3)",
+            "moe": "vLLM default (Triton on Hopper)",
+            "routing_simulation": os.environ.get("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "off")}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--load-format", default="auto", help="dummy for timing-only weights")
+    ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    ap.add_argument("--contexts", default="1024,8192,32768,131072")
+    ap.add_argument("--sides", default="stock,megakernel")
+    ap.add_argument("--new-tokens", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))
+    ap.add_argument("--uniform-routing", action="store_true",
+                    help="stock side routes uniformly at random (VLLM_MOE_ROUTING_SIMULATION_STRATEGY), "
+                         "the write-up's random-weights setting")
+    ap.add_argument("--worker", choices=list(SIDE_CONFIG), help=argparse.SUPPRESS)
+    ap.add_argument("--cases", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        args.side = args.worker
+        return worker(args)
+
+    from benchmarks import report
+    from benchmarks.sol import measure_bandwidth
+
+    cases = [{"batch": int(b), "context": int(c)} for c in args.contexts.split(",")
+             for b in args.batch_sizes.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    bandwidth = measure_bandwidth()
+    print(f"measured HBM bandwidth: {bandwidth / 1e12:.2f} TB/s (copy, read + write)", flush=True)
+    all_cases, sides = [], {}
+    for side in args.sides.split(","):
+        part = args.out / f"{side}.json"
+        env = dict(os.environ)
+        if args.uniform_routing and side == "stock":
+            env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = "uniform_random"
+        cmd = [sys.executable, "-m", "benchmarks.decode_sweep", "--worker", side, "--cases", json.dumps(cases),
+               "--model", args.model, "--load-format", args.load_format, "--new-tokens", str(args.new_tokens),
+               "--repeats", str(args.repeats), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+               "--seed", str(args.seed), "--out", str(part)]
+        proc = subprocess.run(cmd, env=env)
+        if proc.returncode != 0 or not part.exists():
+            reason = f"the {side} engine failed (exit {proc.returncode}); see its output above"
+            all_cases += [{"side": side, **c, "status": "failed", "reason": reason} for c in cases]
+            sides[side] = {"use_megakernel": False, "decision": reason}
+            continue
+        got = json.loads(part.read_text())
+        all_cases += got
+        sides[side] = {"use_megakernel": got[0]["use_megakernel"], "decision": got[0]["decision"]}
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    result = {"env": environment(args), "bandwidth_bytes_per_s": bandwidth, "new_tokens": args.new_tokens,
+              "config": config, "sides": sides, "cases": all_cases,
+              "command": " ".join([sys.executable, "-m", "benchmarks.decode_sweep"] + (argv or sys.argv[1:]))}
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    table = report.markdown(result)
+    (args.out / "table.md").write_text(table)
+    report.plots(result, args.out)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

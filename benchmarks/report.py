@@ -1,0 +1,139 @@
+"""Tables and plots from a decode-sweep result (results.json), so a recorded run can be re-rendered and
+the rendering tested without a GPU.
+
+Result layout (written by benchmarks.decode_sweep):
+    {"env": {...}, "bandwidth_bytes_per_s": float, "new_tokens": int, "config": {...model config...},
+     "sides": {"megakernel": {"use_megakernel": bool, "decision": str}, "stock": {...}},
+     "cases": [{"side", "batch", "context", "status": "ok" | "skipped" | "failed", "reason",
+                "per_request_tok_s": [one per repeat], "distinct_experts": float | None}]}
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.sol import ModelBytes, expected_distinct_experts, sol_tokens_per_s
+
+SIDES = ("stock", "megakernel")
+
+
+def summarize(result: dict) -> list[dict]:
+    """One row per (batch, context): each side's median aggregate tok/s and spread, ratio, SOL."""
+    mb = ModelBytes.from_config(result["config"])
+    bw = result["bandwidth_bytes_per_s"]
+    by_key: dict[tuple[int, int], dict] = defaultdict(dict)
+    for case in result["cases"]:
+        by_key[(case["batch"], case["context"])][case["side"]] = case
+    rows = []
+    for (batch, context), sides in sorted(by_key.items()):
+        row = {"batch": batch, "context": context}
+        distinct = [c.get("distinct_experts") for c in sides.values() if c.get("distinct_experts")]
+        row["distinct_experts"] = distinct[0] if distinct else None
+        row["distinct_source"] = "measured" if distinct else "uniform"
+        d = row["distinct_experts"] or expected_distinct_experts(mb.num_experts, mb.top_k, batch)
+        row["distinct_used"] = d
+        row["sol_tok_s"] = sol_tokens_per_s(mb, batch, context, bw, d)
+        for side in SIDES:
+            case = sides.get(side)
+            if case is None or case["status"] != "ok":
+                row[side] = None
+                row[f"{side}_note"] = case["reason"] if case else "not run"
+                continue
+            agg = [batch * r for r in case["per_request_tok_s"]]
+            row[side] = statistics.median(agg)
+            row[f"{side}_spread"] = (min(agg), max(agg))
+            row[f"{side}_pct_sol"] = 100.0 * row[side] / row["sol_tok_s"]
+        row["ratio"] = row["megakernel"] / row["stock"] if row.get("megakernel") and row.get("stock") else None
+        rows.append(row)
+    return rows
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def markdown(result: dict) -> str:
+    rows = summarize(result)
+    mk = result["sides"].get("megakernel", {})
+    lines = []
+    if not mk.get("use_megakernel", False):
+        lines.append(f"**The megakernel side ran stock vLLM** ({mk.get('decision', 'no decision recorded')}): "
+                     "its numbers are a second stock measurement, not a speedup.\n")
+    env = result.get("env", {})
+    lines.append(f"GPU {env.get('gpu', '?')}, vLLM {env.get('vllm', '?')}, torch {env.get('torch', '?')}, "
+                 f"{result['new_tokens']} new tokens per request, median of {env.get('repeats', '?')} runs; "
+                 f"HBM bandwidth measured {result['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s.\n")
+    lines.append("| batch | context | stock tok/s (min-max) | megakernel tok/s (min-max) | ratio | "
+                 "distinct experts/layer | SOL tok/s | stock % SOL | megakernel % SOL |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        def cell(side):
+            if r[side] is None:
+                return f"- ({r[f'{side}_note']})"
+            lo, hi = r[f"{side}_spread"]
+            return f"{r[side]:.0f} ({lo:.0f}-{hi:.0f})"
+
+        def pct(side):
+            return f"{r[f'{side}_pct_sol']:.0f}%" if r[side] is not None else "-"
+
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
+        dist = f"{r['distinct_used']:.1f}" + ("" if r["distinct_source"] == "measured" else " (uniform)")
+        lines.append(f"| {r['batch']} | {_k(r['context'])} | {cell('stock')} | {cell('megakernel')} | {ratio} | "
+                     f"{dist} | {r['sol_tok_s']:.0f} | {pct('stock')} | {pct('megakernel')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summarize(result)
+    contexts = sorted({r["context"] for r in rows})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for ctx in contexts:
+        rs = [r for r in rows if r["context"] == ctx]
+        for side, style in (("stock", "--"), ("megakernel", "-")):
+            pts = [(r["batch"], r[side]) for r in rs if r[side]]
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o", label=f"{side} {_k(ctx)}")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="batch size", ylabel="decode tok/s (aggregate)", title="Decode throughput")
+    ax.legend(fontsize=7)
+    paths.append(out_dir / "toks_vs_batch.png")
+    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for batch in sorted({r["batch"] for r in rows}):
+        pts = [(r["context"], r["ratio"]) for r in rows if r["batch"] == batch and r["ratio"]]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=f"batch {batch}")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="context (tokens)", ylabel="megakernel / stock", title="Speedup vs context")
+    ax.legend(fontsize=7)
+    paths.append(out_dir / "speedup_vs_context.png")
+    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for ctx in contexts:
+        rs = [r for r in rows if r["context"] == ctx]
+        for side, style in (("stock", "--"), ("megakernel", "-")):
+            pts = [(r["batch"], r[f"{side}_pct_sol"]) for r in rs if r[side]]
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o", label=f"{side} {_k(ctx)}")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="batch size", ylabel="% of memory speed of light", title="Fraction of SOL")
+    ax.legend(fontsize=7)
+    paths.append(out_dir / "pct_sol.png")
+    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return paths

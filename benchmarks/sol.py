@@ -1,0 +1,106 @@
+"""Speed of light for a North Mini Code decode step, from the config (nothing hard-coded).
+
+bytes(step) = always-read weights (attention, router, dense prefix, norms, and the tied LM head that
+vLLM's compute_logits streams every step) + distinct experts actually run x bytes per expert, summed over
+MoE layers + KV read (per request: every cached token on full-attention layers, at most the window on
+sliding layers). At batch 1 every chosen expert is distinct; at batch B with uniform routing the expected
+number of distinct experts per layer is E * (1 - (1 - k/E)^B). Time = bytes / measured HBM bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelBytes:
+    always: int  # bytes read every step whatever the routing (LM head included)
+    per_expert: int  # bytes of one expert (gate, up, down)
+    moe_layers: int
+    num_experts: int
+    top_k: int
+    kv_per_token_full: int  # K+V bytes of one token, summed over full-attention layers
+    kv_per_token_sliding: int  # same over sliding layers
+    sliding_window: int | None
+
+    @classmethod
+    def from_config(cls, config: dict, dtype_bytes: int = 2) -> ModelBytes:
+        from vllm_megakernel.reference import ModelDims
+
+        dims = ModelDims.from_config(config)
+        h, d = dims.hidden, dims.head_dim
+        q, kv = dims.num_heads * d, dims.num_kv_heads * d
+        i_moe = config["intermediate_size"]
+        i_dense = config.get("prefix_dense_intermediate_size") or i_moe
+        attn = h * (q + 2 * kv) + q * h + h  # qkv, o, the layer's norm
+        always = dims.vocab * h + h  # LM head (tied embedding; the lookup itself reads B rows) + final norm
+        for layer in range(dims.num_layers):
+            always += attn
+            always += 3 * h * i_dense if dims.dense[layer] else dims.num_experts * h  # dense FFN | router
+        kv_token = 2 * kv  # K and V of one token in one layer
+        full = sum(1 for s in dims.sliding if not s)
+        return cls(
+            always=always * dtype_bytes,
+            per_expert=3 * h * i_moe * dtype_bytes,
+            moe_layers=sum(1 for x in dims.dense if not x),
+            num_experts=dims.num_experts,
+            top_k=dims.top_k,
+            kv_per_token_full=kv_token * full * dtype_bytes,
+            kv_per_token_sliding=kv_token * (dims.num_layers - full) * dtype_bytes,
+            sliding_window=dims.sliding_window,
+        )
+
+    def kv_bytes(self, context: int) -> int:
+        sliding_tokens = context if self.sliding_window is None else min(context, self.sliding_window)
+        return context * self.kv_per_token_full + sliding_tokens * self.kv_per_token_sliding
+
+    def step_bytes(self, contexts: Sequence[int], distinct_experts_per_layer: float) -> float:
+        return (self.always + self.moe_layers * distinct_experts_per_layer * self.per_expert
+                + sum(self.kv_bytes(c) for c in contexts))
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, batch: int) -> float:
+    """E[#experts chosen by at least one of `batch` tokens], each token choosing top_k of num_experts
+    uniformly without replacement: a given expert is missed by one token with probability 1 - k/E."""
+    if batch <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
+
+
+def sol_tokens_per_s(mb: ModelBytes, batch: int, context: int, bandwidth_bytes_per_s: float,
+                     distinct_experts: float | None = None) -> float:
+    """Aggregate decode tok/s at the memory speed of light for `batch` requests of `context` tokens."""
+    if distinct_experts is None:
+        distinct_experts = expected_distinct_experts(mb.num_experts, mb.top_k, batch)
+    seconds = mb.step_bytes([context] * batch, distinct_experts) / bandwidth_bytes_per_s
+    return batch / seconds
+
+
+def measure_bandwidth(nbytes: int = 8 << 30, iters: int = 10) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (median)."""
+    import torch
+
+    n = nbytes // 2  # each of src and dst holds half, so a copy moves nbytes in all
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return 2 * n / times[len(times) // 2]
+
+
+def context_fits(batch: int, context: int, new_tokens: int, kv_capacity_tokens: int) -> bool:
+    """Whether every request's whole sequence fits the KV cache at once (full layers keep every token)."""
+    return batch * (context + new_tokens + 1) <= kv_capacity_tokens
+
+
+__all__ = ["ModelBytes", "context_fits", "expected_distinct_experts", "measure_bandwidth", "sol_tokens_per_s"]

@@ -1,0 +1,93 @@
+"""Harness arithmetic and rendering, from the config and a recorded result (no GPU)."""
+
+import json
+import random
+import struct
+
+import pytest
+
+from conftest import FULL_CONFIG
+from benchmarks import report
+from benchmarks.sol import ModelBytes, context_fits, expected_distinct_experts, sol_tokens_per_s
+
+
+@pytest.fixture(scope="module")
+def config():
+    return json.loads((FULL_CONFIG / "config.json").read_text())
+
+
+def test_bytes_per_step_match_the_design_figures(config):
+    """DESIGN.md section 6: 6.61 GB of weights + 0.52 GB of KV at batch 1, 8K -> ~600 tok/s at 4.28 TB/s."""
+    mb = ModelBytes.from_config(config)
+    assert mb.step_bytes([], 8) == pytest.approx(6.61e9, rel=2e-3)
+    assert mb.kv_bytes(8192) == pytest.approx(0.52e9, rel=2e-3)
+    assert sol_tokens_per_s(mb, 1, 8192, 4.28e12) == pytest.approx(600, rel=5e-3)
+
+
+def test_kv_bytes_stop_growing_on_sliding_layers_past_the_window(config):
+    mb = ModelBytes.from_config(config)
+    grow_below = mb.kv_bytes(4096) - mb.kv_bytes(4095)
+    grow_above = mb.kv_bytes(10000) - mb.kv_bytes(9999)
+    assert grow_below == mb.kv_per_token_full + mb.kv_per_token_sliding
+    assert grow_above == mb.kv_per_token_full  # only the 13 full-attention layers keep growing
+
+
+def test_expected_distinct_experts_formula_against_sampling():
+    assert expected_distinct_experts(128, 8, 1) == pytest.approx(8)
+    assert expected_distinct_experts(128, 8, 0) == 0
+    rng = random.Random(0)
+    for batch in (2, 8, 64):
+        trials = [len({e for _ in range(batch) for e in rng.sample(range(128), 8)}) for _ in range(4000)]
+        assert expected_distinct_experts(128, 8, batch) == pytest.approx(sum(trials) / len(trials), rel=0.01)
+    assert expected_distinct_experts(128, 8, 1000) == pytest.approx(128, rel=1e-3)
+
+
+def test_context_fits():
+    assert context_fits(8, 1000, 1000, 8 * 2001)
+    assert not context_fits(8, 1000, 1000, 8 * 2001 - 1)
+
+
+def recorded(config, megakernel_ran=True):
+    cases = []
+    for side, per_req in (("stock", 200.0), ("megakernel", 300.0)):
+        for batch in (1, 8):
+            for ctx in (1024, 8192):
+                cases.append({"side": side, "batch": batch, "context": ctx, "status": "ok",
+                              "per_request_tok_s": [per_req * 0.98, per_req, per_req * 1.01]})
+    cases.append({"side": "stock", "batch": 64, "context": 131072, "status": "skipped", "reason": "KV too small"})
+    decision = "vllm_megakernel: decode runs on the megakernel" if megakernel_ran else \
+        "vllm_megakernel: decode runs on stock vLLM: LoRA is on"
+    return {"env": {"gpu": "H200", "vllm": "0.24.0", "torch": "2.11.0", "repeats": 3},
+            "bandwidth_bytes_per_s": 4.28e12, "new_tokens": 1000, "config": config,
+            "sides": {"stock": {"use_megakernel": False, "decision": "off"},
+                      "megakernel": {"use_megakernel": megakernel_ran, "decision": decision}},
+            "cases": cases}
+
+
+def test_summary_medians_ratios_and_sol(config):
+    rows = report.summarize(recorded(config))
+    row = next(r for r in rows if r["batch"] == 8 and r["context"] == 8192)
+    assert row["stock"] == pytest.approx(8 * 200) and row["megakernel"] == pytest.approx(8 * 300)
+    assert row["stock_spread"] == pytest.approx((8 * 196, 8 * 202))
+    assert row["ratio"] == pytest.approx(1.5)
+    assert row["distinct_source"] == "uniform"
+    assert row["megakernel_pct_sol"] == pytest.approx(100 * 2400 / row["sol_tok_s"])
+    skipped = next(r for r in rows if r["batch"] == 64)
+    assert skipped["stock"] is None and "KV too small" in skipped["stock_note"]
+
+
+def test_table_says_plainly_when_the_megakernel_side_fell_back(config):
+    ran = report.markdown(recorded(config, megakernel_ran=True))
+    fell_back = report.markdown(recorded(config, megakernel_ran=False))
+    assert "ran stock vLLM" not in ran and "| 8 | 8K | 1600 (1568-1616) | 2400 (2352-2424) | 1.50x |" in ran
+    assert fell_back.startswith("**The megakernel side ran stock vLLM** (vllm_megakernel: decode runs on stock")
+
+
+def test_plots_are_png_files(config, tmp_path):
+    paths = report.plots(recorded(config), tmp_path)
+    assert [p.name for p in paths] == ["toks_vs_batch.png", "speedup_vs_context.png", "pct_sol.png"]
+    for p in paths:
+        head = p.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", head[16:24])
+        assert width > 300 and height > 200
