@@ -164,3 +164,14 @@ def test_replaying_the_reference_routing_reproduces_it(dims, weights):
     b = ref.decode_step(dims, weights, clone_inputs(inp), forced_experts=forced)
     torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert len(routing) == sum(not d for d in dims.dense)
+
+
+def test_attention_splits_follow_context_and_shrink_with_batch():
+    from vllm_megakernel.megakernel.schedule import attn_splits_for
+
+    assert attn_splits_for(1000) == 1 and attn_splits_for(8192) == 8 and attn_splits_for(262144) == 16
+    # 132 SMs, 4 KV heads: batch 1 keeps the context's splits, batch 64 needs few
+    assert attn_splits_for(262144, batch=1, num_kv_heads=4, num_sms=132) == 16
+    assert attn_splits_for(262144, batch=8, num_kv_heads=4, num_sms=132) == 9
+    assert attn_splits_for(262144, batch=64, num_kv_heads=4, num_sms=132) == 2
+    assert attn_splits_for(1000, batch=1, num_kv_heads=4, num_sms=132) == 1

@@ -240,6 +240,12 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     return Schedule(dims, shape, b.tasks, b.barriers, sm_tasks)
 
 
-def attn_splits_for(max_context: int, keys_per_split: int = 1024, max_splits: int = 16) -> int:
-    """Splits per (request, kv head) for a context bucket: enough that each split reads ~keys_per_split keys."""
-    return max(1, min(max_splits, math.ceil(max_context / keys_per_split)))
+def attn_splits_for(max_context: int, keys_per_split: int = 1024, max_splits: int = 16,
+                    batch: int | None = None, num_kv_heads: int = 1, num_sms: int | None = None) -> int:
+    """Splits per (request, kv head): enough that each split reads ~keys_per_split keys of the longest
+    context, but no more than it takes to give every SM about two attention tasks -- a large batch is
+    already parallel across requests, and every split is a task, a partial result and a combine input."""
+    splits = max(1, min(max_splits, math.ceil(max_context / keys_per_split)))
+    if batch is not None and num_sms is not None:
+        splits = min(splits, max(1, math.ceil(2 * num_sms / (batch * num_kv_heads))))
+    return splits

@@ -66,7 +66,8 @@ class MegakernelDecoder:
         self.attn_layers = [layer.self_attn.attn for layer in model.model.layers]
         self.num_sms = num_sms
         self.max_batch = max_batch
-        self.splits = attn_splits_for(max_model_len)
+        self.max_model_len = max_model_len
+        self.splits = attn_splits_for(max_model_len)  # the most any batch size uses: sizes the workspace
         self.timeout_s = timeout_s
         self.weights: Weights | None = None
         self.entries: dict[int, _Entry] = {}
@@ -143,8 +144,9 @@ class MegakernelDecoder:
             self.weights = Weights.from_vllm_model(self.model)
         sched = self.schedules.get(batch)
         if sched is None:
-            sched = build_schedule(self.dims, StepShape(batch=batch, num_sms=self.num_sms,
-                                                         attn_splits=self.splits),
+            splits = attn_splits_for(self.max_model_len, batch=batch, num_kv_heads=self.dims.num_kv_heads,
+                                     num_sms=self.num_sms)
+            sched = build_schedule(self.dims, StepShape(batch=batch, num_sms=self.num_sms, attn_splits=splits),
                                    self.moe_intermediate, self.dense_intermediate)
             self.schedules[batch] = sched
         step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, workspace=self.workspace)
