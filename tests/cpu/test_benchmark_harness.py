@@ -91,3 +91,19 @@ def test_plots_are_png_files(config, tmp_path):
         assert head[:8] == b"\x89PNG\r\n\x1a\n"
         width, height = struct.unpack(">II", head[16:24])
         assert width > 300 and height > 200
+
+
+def test_serving_log_and_bench_result_parsing():
+    from benchmarks import serve_load
+
+    log = ("INFO 11-30 [kv_cache_utils.py:2146] GPU KV cache size: 1,234,567 tokens\n"
+           "(EngineCore pid=1) INFO [cohere2_moe.py:95] vllm_megakernel: decode runs on stock vLLM: LoRA is on\n")
+    assert serve_load.parse_server_log(log) == {
+        "kv_cache_tokens": 1234567, "decision": "vllm_megakernel: decode runs on stock vLLM: LoRA is on"}
+    assert serve_load.parse_server_log("nothing") == {"kv_cache_tokens": None, "decision": None}
+    row = serve_load.bench_row({"max_concurrency": 8, "completed": 32, "failed": 0, "output_throughput": 1500.5,
+                                "median_tpot_ms": 5.1, "median_ttft_ms": 40.0, "p99_tpot_ms": 6.0})
+    assert row["output_tok_s"] == 1500.5 and row["concurrency"] == 8
+    table = serve_load.markdown({"sides": {"stock": {"rows": [row], "peak_gpu_gib": 120.4,
+                                                     "kv_cache_tokens": 1234567, "decision": "off"}}})
+    assert "| stock | 8 | 1500 | 5.10 | 40.0 | 120.4 | 1234567 |" in table

@@ -1,0 +1,154 @@
+"""Serving load: `vllm serve` with the megakernel on, then off, driven by `vllm bench serve`.
+
+    python -m benchmarks.serve_load --model configs/north-mini-code --load-format dummy \\
+        --concurrency 1,8,32,64 --out benchmarks/results/NAME-serve
+
+Per side: start the OpenAI server (loopback only), wait for /health, read the KV-cache capacity it logs,
+run `vllm bench serve` (random prompts, --ignore-eos) at each concurrency while sampling the GPU's memory
+use, stop the server. Writes serve.json and serve.md: output tok/s, median TPOT and TTFT, peak GPU memory
+and KV-cache capacity for both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+SIDE_CONFIG = {"megakernel": {"megakernel": {"enabled": True}}, "stock": {"megakernel": {"enabled": False}}}
+KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+DECISION_LINE = re.compile(r"(vllm_megakernel: decode runs on .*)")
+
+
+def parse_server_log(text: str) -> dict:
+    kv = KV_LINE.findall(text)
+    decision = DECISION_LINE.findall(text)
+    return {"kv_cache_tokens": int(kv[-1].replace(",", "")) if kv else None,
+            "decision": decision[-1].strip() if decision else None}
+
+
+def bench_row(result: dict) -> dict:
+    """The numbers we report from one `vllm bench serve --save-result` JSON."""
+    return {
+        "concurrency": result.get("max_concurrency"),
+        "completed": result["completed"],
+        "failed": result.get("failed", 0),
+        "output_tok_s": result["output_throughput"],
+        "median_tpot_ms": result["median_tpot_ms"],
+        "median_ttft_ms": result["median_ttft_ms"],
+        "p99_tpot_ms": result.get("p99_tpot_ms"),
+    }
+
+
+def markdown(summary: dict) -> str:
+    lines = ["| side | concurrency | output tok/s | median TPOT ms | median TTFT ms | peak GPU GiB | KV cache tokens |",
+             "|---|---|---|---|---|---|---|"]
+    for side, s in summary["sides"].items():
+        for row in s.get("rows", []):
+            lines.append(f"| {side} | {row['concurrency']} | {row['output_tok_s']:.0f} | {row['median_tpot_ms']:.2f} | "
+                         f"{row['median_ttft_ms']:.1f} | {s['peak_gpu_gib']:.1f} | {s['kv_cache_tokens']} |")
+    notes = [f"- {side}: {s.get('decision') or s.get('error')}" for side, s in summary["sides"].items()]
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+class GpuMemorySampler(threading.Thread):
+    """Peak `nvidia-smi` memory.used (MiB) while it runs."""
+
+    def __init__(self, period_s: float = 0.5):
+        super().__init__(daemon=True)
+        self.period_s, self.peak_mib, self._stop = period_s, 0, threading.Event()
+
+    def run(self):
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10).stdout
+                self.peak_mib = max(self.peak_mib, max(int(x) for x in out.split()))
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+            self._stop.wait(self.period_s)
+
+    def stop(self):
+        self._stop.set()
+        self.join()
+
+
+def run_side(side: str, args, out_dir: Path) -> dict:
+    log_path = out_dir / f"server-{side}.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", args.model, "--served-model-name", "nmc",
+           "--host", "127.0.0.1", "--port", str(args.port), "--load-format", args.load_format,
+           "--additional-config", json.dumps(SIDE_CONFIG[side]), "--max-num-seqs", str(max(args.concurrency)),
+           "--no-enable-prefix-caching"]
+    sampler = GpuMemorySampler()
+    sampler.start()
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.time() + args.startup_timeout
+            while True:
+                if server.poll() is not None:
+                    return {"error": f"server exited with {server.returncode}; see {log_path}"}
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.time() > deadline:
+                    return {"error": f"server not healthy after {args.startup_timeout} s; see {log_path}"}
+                time.sleep(2)
+            rows = []
+            for c in args.concurrency:
+                name = f"bench-{side}-c{c}.json"
+                subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+                                "--backend", "vllm", "--host", "127.0.0.1", "--port", str(args.port),
+                                "--model", "nmc", "--tokenizer", args.model, "--dataset-name", "random",
+                                "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+                                "--num-prompts", str(max(args.prompts_per_concurrency * c, 8)),
+                                "--max-concurrency", str(c), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl",
+                                "--save-result", "--result-dir", str(out_dir), "--result-filename", name],
+                               check=True)
+                rows.append(bench_row(json.loads((out_dir / name).read_text())))
+                print(f"[{side}] concurrency {c}: {rows[-1]['output_tok_s']:.0f} output tok/s", flush=True)
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+            sampler.stop()
+    return {"rows": rows, "peak_gpu_gib": sampler.peak_mib / 1024, **parse_server_log(log_path.read_text())}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
+    ap.add_argument("--input-len", type=int, default=1024)
+    ap.add_argument("--output-len", type=int, default=512)
+    ap.add_argument("--prompts-per-concurrency", type=int, default=4)
+    ap.add_argument("--sides", default="stock,megakernel")
+    ap.add_argument("--port", type=int, default=8199)
+    ap.add_argument("--startup-timeout", type=int, default=900)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-serve"))
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = {"command": " ".join([sys.executable, "-m", "benchmarks.serve_load"] + (argv or sys.argv[1:])),
+               "sides": {side: run_side(side, args, args.out) for side in args.sides.split(",")}}
+    (args.out / "serve.json").write_text(json.dumps(summary, indent=1))
+    table = markdown(summary)
+    (args.out / "serve.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
