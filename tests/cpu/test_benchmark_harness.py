@@ -107,3 +107,42 @@ def test_serving_log_and_bench_result_parsing():
     table = serve_load.markdown({"sides": {"stock": {"rows": [row], "peak_gpu_gib": 120.4,
                                                      "kv_cache_tokens": 1234567, "decision": "off"}}})
     assert "| stock | 8 | 1500 | 5.10 | 40.0 | 120.4 | 1234567 |" in table
+
+
+def test_agreement_metrics():
+    from benchmarks.agreement import first_divergence, summarize, topk_logprob_cosine
+
+    assert first_divergence([1, 2, 3], [1, 2, 4]) == 2
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+    assert topk_logprob_cosine({"1": -0.1, "2": -2.0}, {"1": -0.1, "2": -2.0}) == pytest.approx(1.0)
+    assert topk_logprob_cosine({"1": -0.1, "2": -2.0}, {"3": -0.1, "4": -2.0}) < 0.9
+    s = summarize({"tokens": [[1, 2, 3]], "logprobs": [[{"1": -0.1}, {"2": -0.2}, {"3": -0.3}]]},
+                  {"tokens": [[1, 2, 9]], "logprobs": [[{"1": -0.1}, {"2": -0.2}, {"9": -0.3}]]})
+    assert s["first_divergence"] == [2] and s["min_cosine"][0] == pytest.approx(1.0)
+
+
+def test_local_lm_eval_tasks_load_offline_and_score(tmp_path):
+    """The task YAML + JSONL run through lm-eval itself (its dummy model), without network."""
+    import os
+    import subprocess
+
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed")
+    from benchmarks.accuracy import lm_eval_cmd, materialize_tasks, read_lm_eval_results
+
+    tasks = materialize_tasks(tmp_path / "tasks")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(lm_eval_cmd("", "dummy", tasks, tmp_path / "out", limit=5), capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = read_lm_eval_results(tmp_path / "out")
+    assert set(res) == {"nmc_mc", "nmc_gen"}
+    assert 0.0 <= res["nmc_mc"]["acc"] <= 1.0 and 0.0 <= res["nmc_gen"]["exact_match"] <= 1.0
+
+
+def test_task_answers_are_right_by_construction():
+    from benchmarks.tasks.make_tasks import HERE
+
+    for line in (HERE / "nmc_mc.jsonl").read_text().splitlines():
+        item = json.loads(line)
+        expr = item["question"].split("expression ")[1].split(" evaluate")[0]
+        assert item["choices"][item["label"]] == str(eval(expr))  # noqa: S307

@@ -5,14 +5,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import FULL_CONFIG
+from conftest import FULL_CONFIG, REPO
 
 pytestmark = pytest.mark.gpu
-HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +28,8 @@ def greedy(model_dir, additional_config, plugins_on=True):
     if not plugins_on:
         env["VLLM_PLUGINS"] = ""  # load no general plugin: vLLM exactly as shipped
     proc = subprocess.run(
-        [sys.executable, str(HERE / "greedy_run.py"), str(model_dir), json.dumps(additional_config)],
-        capture_output=True, text=True, timeout=900, env=env,
+        [sys.executable, "-m", "benchmarks.greedy", str(model_dir), json.dumps(additional_config)],
+        capture_output=True, text=True, timeout=900, env=env, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

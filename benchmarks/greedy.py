@@ -1,6 +1,7 @@
-"""One side of a greedy A/B: generates greedily with vllm.LLM and prints one JSON line of token ids.
+"""One side of a greedy A/B: generates greedily with vllm.LLM and prints one JSON line with the token ids
+(and, with --logprobs K, each step's top-K logprobs) of every prompt.
 
-    python tests/gpu/greedy_run.py MODEL_DIR ADDITIONAL_CONFIG_JSON [--max-tokens N]
+    python -m benchmarks.greedy MODEL_DIR ADDITIONAL_CONFIG_JSON [--max-tokens N] [--logprobs K]
 
 Run once per side in a fresh process: which plugins load is decided per process (VLLM_PLUGINS).
 """
@@ -21,6 +22,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-lens", default="16,100,700,1500")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--logprobs", type=int, default=0)
+    ap.add_argument("--max-model-len", type=int, default=4096)
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -29,7 +32,7 @@ def main():
     llm = LLM(
         model=args.model,
         additional_config=json.loads(args.additional_config),
-        max_model_len=4096,
+        max_model_len=args.max_model_len,
         gpu_memory_utilization=0.5,
         enable_prefix_caching=False,
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
@@ -38,12 +41,15 @@ def main():
     rng = random.Random(args.seed)
     prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(10, 250000) for _ in range(int(n))])
                for n in args.prompt_lens.split(",")]
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True,
+                            logprobs=args.logprobs or None)
     outs = llm.generate(prompts, params)
-    print(json.dumps({
-        "model_class": llm.apply_model(model_class_name)[0],
-        "tokens": [list(o.outputs[0].token_ids) for o in outs],
-    }))
+    result = {"model_class": llm.apply_model(model_class_name)[0],
+              "tokens": [list(o.outputs[0].token_ids) for o in outs]}
+    if args.logprobs:
+        result["logprobs"] = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs]
+                              for o in outs]
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,80 @@
+"""Accuracy, megakernel on vs off, on the same weights (use a realistic random checkpoint, not dummy):
+
+1. lm-eval 0.4.13 through its vLLM backend on the local tasks in benchmarks/tasks (no downloads), once per
+   side, the switch passed in model_args' additional_config;
+2. greedy generation of --max-tokens tokens per prompt on both sides: first-divergence position, and the
+   mean / min cosine of the steps' top-20 logprobs before it.
+
+    python -m benchmarks.accuracy --model /models/nmc-5l --out benchmarks/results/NAME-accuracy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.agreement import summarize
+
+TASKS = Path(__file__).parent / "tasks"
+SIDE_CONFIG = {"megakernel": {"megakernel": {"enabled": True}}, "stock": {"megakernel": {"enabled": False}}}
+
+
+def materialize_tasks(dest: Path) -> Path:
+    """Copies the task YAMLs with __TASK_DIR__ resolved to the data's absolute folder."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for y in TASKS.glob("*.yaml"):
+        (dest / y.name).write_text(y.read_text().replace("__TASK_DIR__", str(TASKS.resolve())))
+    return dest
+
+
+def lm_eval_cmd(model_args: dict | str, model: str, tasks_dir: Path, out: Path, limit: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "lm_eval", "--model", model,
+           "--tasks", "nmc_mc,nmc_gen", "--include_path", str(tasks_dir), "--output_path", str(out)]
+    if model_args:
+        cmd += ["--model_args", model_args if isinstance(model_args, str) else json.dumps(model_args)]
+    if limit:
+        cmd += ["--limit", str(limit)]
+    return cmd
+
+
+def read_lm_eval_results(out: Path) -> dict:
+    files = sorted(out.rglob("results_*.json"))
+    if not files:
+        raise FileNotFoundError(f"no lm-eval results under {out}")
+    res = json.loads(files[-1].read_text())["results"]
+    return {task: {k.split(",")[0]: v for k, v in metrics.items() if k.split(",")[0] in ("acc", "exact_match")}
+            for task, metrics in res.items()}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-accuracy"))
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tasks_dir = materialize_tasks(args.out / "tasks")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    summary: dict = {"lm_eval": {}, "greedy": {}}
+    greedy = {}
+    for side, extra in SIDE_CONFIG.items():
+        model_args = {"pretrained": args.model, "dtype": "bfloat16", "max_model_len": 4096,
+                      "gpu_memory_utilization": args.gpu_memory_utilization, "additional_config": extra}
+        subprocess.run(lm_eval_cmd(model_args, "vllm", tasks_dir, args.out / f"lm_eval-{side}"), check=True, env=env)
+        summary["lm_eval"][side] = read_lm_eval_results(args.out / f"lm_eval-{side}")
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.greedy", args.model, json.dumps(extra),
+                               "--max-tokens", str(args.max_tokens), "--logprobs", "20"],
+                              capture_output=True, text=True, check=True, env=env)
+        greedy[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary["greedy"] = summarize(greedy["stock"], greedy["megakernel"])
+    (args.out / "accuracy.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
