@@ -135,18 +135,18 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
         table = group.block_table.to(device=dev, dtype=torch.int32).contiguous()
         slots_map = group.slot_mapping.to(device=dev, dtype=torch.int64).contiguous()
         keep += [table, slots_map]
+        weight_of = {"norm_w": lw.norm, "qkv_w": lw.qkv, "o_w": lw.o, "gate_up_w": lw.gate_up, "down_w": lw.down,
+                     "router_w": lw.router, "w13": lw.w13, "w2": lw.w2}
+        for name, t in weight_of.items():
+            if t is not None and (not t.is_contiguous() or t.dtype != dt):
+                raise ValueError(f"layer {i}: {name} must be contiguous {dt}")
         row = {
             "dense": int(dims.dense[i]), "sliding": int(dims.sliding[i]), "rope": int(dims.rope[i]),
-            "norm_w": _addr(lw.norm), "qkv_w": _addr(lw.qkv), "o_w": _addr(lw.o), "gate_up_w": _addr(lw.gate_up),
-            "down_w": _addr(lw.down), "router_w": _addr(lw.router), "w13": _addr(lw.w13), "w2": _addr(lw.w2),
+            **{name: _addr(t) for name, t in weight_of.items()},
             "kv_cache": _addr(cache), "kv_stride_block": cache.stride(0), "kv_stride_kv": cache.stride(1),
             "kv_stride_token": cache.stride(2), "kv_stride_head": cache.stride(3),
             "block_table": _addr(table), "block_table_stride": table.stride(0), "slot_mapping": _addr(slots_map),
         }
-        for name in ("norm_w", "qkv_w", "o_w", "gate_up_w", "down_w", "router_w", "w13", "w2"):
-            t = getattr(lw, {"norm_w": "norm", "qkv_w": "qkv", "o_w": "o"}.get(name, name.removesuffix("_w")))
-            if t is not None and (not t.is_contiguous() or t.dtype != dt):
-                raise ValueError(f"layer {i}: {name} must be contiguous {dt}")
         rows.append([row[f] for f in abi.LAYER_FIELDS])
     layer_table = torch.tensor(rows, dtype=torch.int64, device=dev)
 

@@ -83,15 +83,18 @@ class Schedule:
         return moe_slots(self.dims, self.shape.batch)
 
     def encode(self) -> torch.Tensor:
-        """[num_sms, max_tasks + 1, TASK_WORDS] int32; each SM's list ends with an END task."""
+        """[num_sms, max_tasks + 1, TASK_WORDS] int32; each SM's list ends with an END task (all zeros)."""
         longest = max(len(t) for t in self.sm_tasks)
-        out = torch.zeros(len(self.sm_tasks), longest + 1, TASK_WORDS, dtype=torch.int32)
-        for sm, indices in enumerate(self.sm_tasks):
-            for pos, i in enumerate(indices):
+        end = [0] * TASK_WORDS
+        rows = []
+        for indices in self.sm_tasks:
+            sm_rows = []
+            for i in indices:
                 t = self.tasks[i]
                 waits = [(b, self.barriers[b].target) for b in t.waits]
-                out[sm, pos] = torch.tensor(encode(t.op, t.layer, waits, t.signal, t.index, **t.fields))
-        return out  # zeros after the last task decode as END (opcode 0)
+                sm_rows.append(encode(t.op, t.layer, waits, t.signal, t.index, **t.fields))
+            rows.append(sm_rows + [end] * (longest + 1 - len(sm_rows)))
+        return torch.tensor(rows, dtype=torch.int32)
 
     def barrier_name(self, barrier: int) -> str:
         return self.barriers[barrier].name if 0 <= barrier < len(self.barriers) else f"barrier {barrier}"

@@ -151,9 +151,12 @@ class MegakernelDecoder:
             self.schedules[batch] = sched
         step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, workspace=self.workspace)
         # The step must read vLLM's buffers themselves, not copies: a copy would freeze one step's inputs.
-        for name, t in (("input_ids", inputs.input_ids), ("positions", inputs.positions),
-                        ("seq_lens", inputs.seq_lens)):
-            if all(k.data_ptr() != t.data_ptr() for k in step.keepalive):
+        read = {k.data_ptr() for k in step.keepalive}
+        buffers = [("input_ids", inputs.input_ids), ("positions", inputs.positions), ("seq_lens", inputs.seq_lens)]
+        for g in inputs.groups:
+            buffers += [("block_table", g.block_table), ("slot_mapping", g.slot_mapping)]
+        for name, t in buffers:
+            if t.data_ptr() not in read:
                 raise RuntimeError(f"vllm_megakernel: vLLM's {name} buffer has an unexpected dtype or layout")
         return step
 
