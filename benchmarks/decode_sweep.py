@@ -7,7 +7,9 @@ Each side runs in its own process (plugins and the switch are per process) with 
 (torch.compile and its CUDA graphs on, FA3, Triton MoE, async scheduling); prefix caching is off so every
 request is prefilled. Per case, with random prompt ids, ignore_eos and greedy sampling:
     per-request decode tok/s = N / (t(N + 1 new tokens) - t(1 new token)),
-repeated (median and spread reported) after one warm-up. The orchestrator also measures HBM bandwidth
+repeated (median and spread reported) after one warm-up. The stock side also measures how many distinct
+experts a step at each batch size runs (benchmarks.routing_probe, on the engine's own weights), which the
+speed of light uses. The orchestrator also measures HBM bandwidth
 and writes results.json, table.md and PNG plots (benchmarks.report). A progress line is printed per case.
 Cases whose sequences do not all fit the KV cache at once are skipped and say so. If the megakernel side
 could not run the megakernel, the table says so plainly instead of showing a speedup.
@@ -51,11 +53,19 @@ def worker(args) -> None:
     cache = llm.llm_engine.vllm_config.cache_config
     capacity = (cache.num_gpu_blocks or 0) * cache.block_size
     info = llm.apply_model(_decision)[0]
+    distinct: dict[int, float] = {}
+    if args.probe_routing and args.side == "stock":  # same weights on both sides: measure once
+        from benchmarks.routing_probe import probe_vllm_model
+
+        for b in sorted({c["batch"] for c in cases}):
+            distinct[b] = llm.apply_model(lambda m, b=b: probe_vllm_model(m, b))[0]
+            print(f"[{args.side}] batch {b}: {distinct[b]:.1f} distinct experts per MoE layer (measured)", flush=True)
     rng = random.Random(args.seed)
     results = []
     for case in cases:
         b, ctx = case["batch"], case["context"]
-        out = {"side": args.side, "batch": b, "context": ctx, "kv_capacity_tokens": capacity, **info}
+        out = {"side": args.side, "batch": b, "context": ctx, "kv_capacity_tokens": capacity,
+               "distinct_experts": distinct.get(b), **info}
         if not context_fits(b, ctx, args.new_tokens, capacity):
             out.update(status="skipped", reason=f"{b} x {ctx} tokens exceed the KV cache ({capacity} tokens)")
         else:
@@ -107,6 +117,8 @@ def main(argv=None) -> None:
     ap.add_argument("--uniform-routing", action="store_true",
                     help="stock side routes uniformly at random (VLLM_MOE_ROUTING_SIMULATION_STRATEGY), "
                          "the write-up's random-weights setting")
+    ap.add_argument("--no-probe-routing", dest="probe_routing", action="store_false",
+                    help="skip measuring distinct experts per step (SOL then assumes uniform routing)")
     ap.add_argument("--worker", choices=list(SIDE_CONFIG), help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -131,7 +143,7 @@ def main(argv=None) -> None:
         cmd = [sys.executable, "-m", "benchmarks.decode_sweep", "--worker", side, "--cases", json.dumps(cases),
                "--model", args.model, "--load-format", args.load_format, "--new-tokens", str(args.new_tokens),
                "--repeats", str(args.repeats), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-               "--seed", str(args.seed), "--out", str(part)]
+               "--seed", str(args.seed), "--out", str(part)] + ([] if args.probe_routing else ["--no-probe-routing"])
         proc = subprocess.run(cmd, env=env)
         if proc.returncode != 0 or not part.exists():
             reason = f"the {side} engine failed (exit {proc.returncode}); see its output above"

@@ -146,3 +146,17 @@ def test_task_answers_are_right_by_construction():
         item = json.loads(line)
         expr = item["question"].split("expression ")[1].split(" evaluate")[0]
         assert item["choices"][item["label"]] == str(eval(expr))  # noqa: S307
+
+
+def test_routing_probe_counts_distinct_experts(tiny_checkpoint):
+    import torch
+
+    from benchmarks.routing_probe import distinct_experts
+    from conftest import TINY_CONFIG
+    from vllm_megakernel import reference as ref
+
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    w = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.float32)
+    assert distinct_experts(dims, w, batch=1) == dims.top_k  # one token: its k experts, all distinct
+    d8 = distinct_experts(dims, w, batch=8)
+    assert dims.top_k < d8 <= min(dims.num_experts, 8 * dims.top_k)
