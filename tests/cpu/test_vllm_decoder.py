@@ -40,3 +40,17 @@ def test_shared_workspace_fits_every_batch_up_to_its_size_and_refuses_larger():
     big = runtime.allocate_workspace(dims, 65, 16, 768, 3072, device="meta")
     assert any(big[k].numel() > ws[k].numel() for k in ws)
     assert all(t.device.type == "meta" for t in ws.values())  # sizes only: nothing was allocated
+
+
+def test_batch_limit_never_exceeds_the_largest_cuda_graph():
+    from vllm.config import CompilationConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    from vllm_megakernel.megakernel.vllm_decoder import MAX_BATCH, batch_limit
+
+    graphs = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, max_cudagraph_capture_size=16)
+    assert batch_limit(graphs) == 16
+    big = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY, max_cudagraph_capture_size=512)
+    assert batch_limit(big) == MAX_BATCH
+    eager = CompilationConfig(cudagraph_mode=CUDAGraphMode.NONE, max_cudagraph_capture_size=16)
+    assert batch_limit(eager) == MAX_BATCH  # no graphs: every decode batch runs eagerly anyway

@@ -40,6 +40,17 @@ def unsupported_model_reasons(hf_config, tile_n: int = 128) -> list[str]:
     return reasons
 
 
+def batch_limit(compilation_config, max_batch: int = MAX_BATCH) -> int:
+    """The largest decode batch the megakernel takes: its own limit, and never a batch above vLLM's largest
+    CUDA-graph size (those run eagerly on vLLM's path) when graphs are on."""
+    mode = getattr(compilation_config, "cudagraph_mode", None)
+    largest = getattr(compilation_config, "max_cudagraph_capture_size", None)
+    graphs_on = mode is not None and getattr(mode, "name", str(mode)) != "NONE"
+    if graphs_on and largest:
+        return min(max_batch, int(largest))
+    return max_batch
+
+
 def is_pure_decode(attn_metadata) -> bool:
     """Every request has exactly one query token and nothing asks for cascade attention."""
     if not isinstance(attn_metadata, dict) or not attn_metadata:
@@ -73,6 +84,9 @@ class MegakernelDecoder:
         self.entries: dict[int, _Entry] = {}
         self.schedules: dict[int, Schedule] = {}
         self.last: runtime.DeviceStep | None = None
+        # Steps replaced after a buffer moved stay alive: a CUDA graph captured against one still holds
+        # the addresses of its tables (vLLM frees its profiling graphs, but nothing tells us when).
+        self.retired: list[runtime.DeviceStep] = []
         # Allocated here, in the model's constructor, so vLLM's memory profiling sees it before it sizes
         # the KV cache; shared by the task lists of every batch size.
         self.workspace = runtime.allocate_workspace(
@@ -107,6 +121,8 @@ class MegakernelDecoder:
                     f"vllm_megakernel: no task list for batch {batch} matches the buffers being captured; "
                     "vLLM's eager warm-up before capture should have built it"
                 )
+            if entry is not None:
+                self.retired.append(entry.step)
             entry = _Entry(key, self._build(batch, inputs))
             self.entries[batch] = entry
         runtime.launch(entry.step)

@@ -55,12 +55,13 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
         self.megakernel_decision: Decision = self._decide(vllm_config, options)
         self.megakernel = None
         if self.megakernel_decision.use_megakernel:
-            from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder
+            from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, batch_limit
 
             ext, _ = extension.load()
             self.megakernel = MegakernelDecoder(
                 self, vllm_config.model_config.hf_config, vllm_config.model_config.max_model_len,
                 num_sms=ext.query_device(torch.cuda.current_device())["sm_count"],
+                max_batch=batch_limit(vllm_config.compilation_config),
             )
 
     @torch.no_grad()
