@@ -250,8 +250,9 @@ def attend(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, seq_
     return out.reshape(q.shape).to(q.dtype)
 
 
-def route(h: torch.Tensor, router: torch.Tensor, dims: ModelDims) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sigmoid top-k routing: (weights fp32 [B, K], experts [B, K]).
+def route(h: torch.Tensor, router: torch.Tensor, dims: ModelDims
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sigmoid top-k routing: (weights fp32 [B, K], experts [B, K], all scores fp32 [B, E]).
 
     Router logits are rounded to the activation dtype (vLLM's gate is a linear layer in that dtype), so
     exact ties between experts happen; they go to the lower expert id (a stable sort), which the kernel
@@ -262,7 +263,7 @@ def route(h: torch.Tensor, router: torch.Tensor, dims: ModelDims) -> tuple[torch
     weights, experts = weights[:, : dims.top_k], experts[:, : dims.top_k]
     if dims.norm_topk_prob:
         weights = weights / weights.sum(-1, keepdim=True)
-    return weights, experts
+    return weights, experts, scores
 
 
 def moe(h: torch.Tensor, lw: LayerWeights, dims: ModelDims, forced: torch.Tensor | None = None,
@@ -270,16 +271,14 @@ def moe(h: torch.Tensor, lw: LayerWeights, dims: ModelDims, forced: torch.Tensor
     """The routed experts. ``forced`` [B, K] replaces the top-k choice (weights are still this layer's
     sigmoid scores of those experts), so another implementation's routing can be replayed; ``record``
     receives this layer's scores [B, E] and choice."""
-    weights, experts = route(h, lw.router, dims)
-    if record is not None or forced is not None:
-        scores = (h @ lw.router.t()).float().sigmoid()
-        if record is not None:
-            record.append((scores, experts))
-        if forced is not None:
-            experts = forced.long()
-            weights = scores.gather(1, experts)
-            if dims.norm_topk_prob:
-                weights = weights / weights.sum(-1, keepdim=True)
+    weights, experts, scores = route(h, lw.router, dims)
+    if record is not None:
+        record.append((scores, experts))
+    if forced is not None:
+        experts = forced.long()
+        weights = scores.gather(1, experts)
+        if dims.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
     out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
     inter = lw.w2.shape[-1]
     for b in range(h.shape[0]):

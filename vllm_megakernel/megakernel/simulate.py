@@ -286,7 +286,7 @@ class Numerics:
     # -- MoE
     def router(self, layer: int) -> None:
         dims = self.dims
-        weights, experts = route(self.hn, self.w.layers[layer].router, dims)
+        weights, experts, _ = route(self.hn, self.w.layers[layer].router, dims)
         self.topk_w[:] = weights
         rows: dict[int, list[int]] = defaultdict(list)
         for r in range(experts.shape[0]):
