@@ -85,55 +85,46 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plots(result: dict, out_dir: Path) -> list[Path]:
+def _by_batch(rows: list[dict], value) -> list[tuple[str, str, list]]:
+    """(label, line style, points) per (context, side): value(row, side) against batch size."""
+    series = []
+    for ctx in sorted({r["context"] for r in rows}):
+        rs = [r for r in rows if r["context"] == ctx]
+        for side, style in (("stock", "--"), ("megakernel", "-")):
+            series.append((f"{side} {_k(ctx)}", style, [(r["batch"], value(r, side)) for r in rs if r[side]]))
+    return series
+
+
+def _line_plot(path: Path, series, xlabel: str, ylabel: str, title: str, hline: float | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = summarize(result)
-    contexts = sorted({r["context"] for r in rows})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for ctx in contexts:
-        rs = [r for r in rows if r["context"] == ctx]
-        for side, style in (("stock", "--"), ("megakernel", "-")):
-            pts = [(r["batch"], r[side]) for r in rs if r[side]]
-            if pts:
-                ax.plot(*zip(*pts), style, marker="o", label=f"{side} {_k(ctx)}")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="batch size", ylabel="decode tok/s (aggregate)", title="Decode throughput")
-    ax.legend(fontsize=7)
-    paths.append(out_dir / "toks_vs_batch.png")
-    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for batch in sorted({r["batch"] for r in rows}):
-        pts = [(r["context"], r["ratio"]) for r in rows if r["batch"] == batch and r["ratio"]]
+    for label, style, pts in series:
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=f"batch {batch}")
-    ax.axhline(1.0, color="gray", lw=0.8)
+            ax.plot(*zip(*pts), style, marker="o", label=label)
+    if hline is not None:
+        ax.axhline(hline, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="context (tokens)", ylabel="megakernel / stock", title="Speedup vs context")
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend(fontsize=7)
-    paths.append(out_dir / "speedup_vs_context.png")
-    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+    return path
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for ctx in contexts:
-        rs = [r for r in rows if r["context"] == ctx]
-        for side, style in (("stock", "--"), ("megakernel", "-")):
-            pts = [(r["batch"], r[f"{side}_pct_sol"]) for r in rs if r[side]]
-            if pts:
-                ax.plot(*zip(*pts), style, marker="o", label=f"{side} {_k(ctx)}")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="batch size", ylabel="% of memory speed of light", title="Fraction of SOL")
-    ax.legend(fontsize=7)
-    paths.append(out_dir / "pct_sol.png")
-    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return paths
+
+def plots(result: dict, out_dir: Path) -> list[Path]:
+    rows = summarize(result)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    speedup = [(f"batch {b}", "-", [(r["context"], r["ratio"]) for r in rows if r["batch"] == b and r["ratio"]])
+               for b in sorted({r["batch"] for r in rows})]
+    return [
+        _line_plot(out_dir / "toks_vs_batch.png", _by_batch(rows, lambda r, side: r[side]),
+                   "batch size", "decode tok/s (aggregate)", "Decode throughput"),
+        _line_plot(out_dir / "speedup_vs_context.png", speedup, "context (tokens)", "megakernel / stock",
+                   "Speedup vs context", hline=1.0),
+        _line_plot(out_dir / "pct_sol.png", _by_batch(rows, lambda r, side: r[f"{side}_pct_sol"]),
+                   "batch size", "% of memory speed of light", "Fraction of SOL"),
+    ]

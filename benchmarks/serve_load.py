@@ -12,6 +12,7 @@ and KV-cache capacity for both sides.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -59,6 +60,42 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines + [""] + notes) + "\n"
 
 
+class ServerError(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def served(cmd: list[str], port: int, log_path: Path, startup_timeout: float):
+    """Runs a `vllm serve` command (its own process group, output to log_path) until /health answers;
+    yields the process and stops the whole group on exit. Raises ServerError with the log's tail."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.time() + startup_timeout
+            while True:
+                if proc.poll() is not None:
+                    raise ServerError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.time() > deadline:
+                    raise ServerError(f"not healthy after {startup_timeout} s:\n{log_path.read_text()[-6000:]}")
+                time.sleep(2)
+            yield proc
+        finally:
+            # The group may already be gone (the server died at start-up): nothing left to stop then.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+
 class GpuMemorySampler(threading.Thread):
     """Peak `nvidia-smi` memory.used (MiB) while it runs."""
 
@@ -89,23 +126,9 @@ def run_side(side: str, args, out_dir: Path) -> dict:
            "--no-enable-prefix-caching"]
     sampler = GpuMemorySampler()
     sampler.start()
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.time() + args.startup_timeout
-            while True:
-                if server.poll() is not None:
-                    return {"error": f"server exited with {server.returncode}; see {log_path}"}
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.time() > deadline:
-                    return {"error": f"server not healthy after {args.startup_timeout} s; see {log_path}"}
-                time.sleep(2)
-            rows = []
+    rows = []
+    try:
+        with served(cmd, args.port, log_path, args.startup_timeout):
             for c in args.concurrency:
                 name = f"bench-{side}-c{c}.json"
                 subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
@@ -118,13 +141,10 @@ def run_side(side: str, args, out_dir: Path) -> dict:
                                check=True)
                 rows.append(bench_row(json.loads((out_dir / name).read_text())))
                 print(f"[{side}] concurrency {c}: {rows[-1]['output_tok_s']:.0f} output tok/s", flush=True)
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-            sampler.stop()
+    except ServerError as e:
+        return {"error": f"{e}".splitlines()[0] + f"; see {log_path}"}
+    finally:
+        sampler.stop()
     return {"rows": rows, "peak_gpu_gib": sampler.peak_mib / 1024, **parse_server_log(log_path.read_text())}
 
 

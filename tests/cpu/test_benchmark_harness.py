@@ -160,3 +160,27 @@ def test_routing_probe_counts_distinct_experts(tiny_checkpoint):
     assert distinct_experts(dims, w, batch=1) == dims.top_k  # one token: its k experts, all distinct
     d8 = distinct_experts(dims, w, batch=8)
     assert dims.top_k < d8 <= min(dims.num_experts, 8 * dims.top_k)
+
+
+def test_served_waits_for_health_and_stops_the_server(tmp_path):
+    import socket
+    import sys
+    import urllib.request
+
+    from benchmarks.serve_load import ServerError, served
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import http.server as h\n"
+            "class H(h.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        self.send_response(200 if self.path == '/health' else 404); self.end_headers()\n"
+            f"h.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
+    with served([sys.executable, "-c", code], port, tmp_path / "log", startup_timeout=30) as proc:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            assert r.status == 200
+    assert proc.poll() is not None  # stopped on exit
+    with pytest.raises(ServerError, match="exited with 3"):
+        with served([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], port, tmp_path / "log2", 30):
+            pass

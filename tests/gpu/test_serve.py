@@ -2,11 +2,7 @@
 completions and chat endpoints (vLLM defaults otherwise: torch.compile and CUDA graphs on)."""
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -26,34 +22,14 @@ def post(path, body):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    from benchmarks.serve_load import served
+
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    log = open(log_path, "w")
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(FULL_CONFIG), "--load-format", "dummy",
            "--served-model-name", "north-mini-code", "--host", "127.0.0.1", "--port", str(PORT)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 600
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise AssertionError(f"server not healthy after 600 s:\n{log_path.read_text()[-6000:]}")
-            time.sleep(2)
+    with served(cmd, PORT, log_path, startup_timeout=600):
         yield log_path
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-        print(f"--- server log tail ({log_path})\n" + log_path.read_text()[-3000:])
+    print(f"--- server log tail ({log_path})\n" + log_path.read_text()[-3000:])
 
 
 def test_completions_endpoint_answers(server):
