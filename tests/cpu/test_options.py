@@ -163,3 +163,12 @@ def test_automatic_mode_is_opt_in_while_v1_is_validated():
         assert d.reasons == (OPT_IN_REASON,)
         with pytest.raises(MegakernelUnsupportedError, match="opt-in"):
             decide(MegakernelOptions(strict=True), None, [])
+
+
+def test_automatic_mode_turns_the_megakernel_on_once_the_default_flips(monkeypatch):
+    import vllm_megakernel.options as options
+
+    monkeypatch.setattr(options, "AUTOMATIC_DEFAULT", True)
+    assert decide(MegakernelOptions(), None, []).use_megakernel
+    assert not decide(MegakernelOptions(), None, ["LoRA is on"]).use_megakernel  # still falls back
+    assert not decide(MegakernelOptions(), "not built", []).use_megakernel
