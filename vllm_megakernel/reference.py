@@ -110,6 +110,19 @@ class Weights:
     final_norm: torch.Tensor  # [H]
     layers: list[LayerWeights]
 
+    def intermediates(self) -> tuple[int, int]:
+        """(expert FFN width, dense-prefix FFN width or 0), read off the weights' shapes."""
+        moe_i = next(lw.w2.shape[2] for lw in self.layers if lw.w2 is not None)
+        dense_i = next((lw.down.shape[1] for lw in self.layers if lw.down is not None), 0)
+        return moe_i, dense_i
+
+    def to(self, device) -> Weights:
+        """A copy on ``device`` (tests move checkpoint weights to the GPU with it)."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        layers = [LayerWeights(**{f.name: move(getattr(lw, f.name)) for f in dataclasses.fields(lw)})
+                  for lw in self.layers]
+        return Weights(move(self.embed), move(self.final_norm), layers)
+
     @classmethod
     def from_vllm_model(cls, model: torch.nn.Module) -> Weights:
         """Views of a vLLM ``Cohere2MoeForCausalLM``'s parameters (Triton MoE layout), no copies."""

@@ -110,3 +110,10 @@ def test_reference_fails_loudly_if_window_is_ignored(dims, weights, hf_model):
     with torch.no_grad():
         hf = hf_model(torch.tensor([prompt])).logits[0].float()
     assert (torch.stack(lg[0]) - hf).abs().max() > 100 * ATOL
+
+
+def test_weights_report_their_ffn_widths_and_move_whole(weights):
+    assert weights.intermediates() == (32, 96)  # the tiny config's expert and dense-prefix widths
+    moved = weights.to("meta")
+    assert moved.embed.device.type == "meta" and moved.layers[0].router is None
+    assert all(t.device.type == "meta" for t in (moved.layers[1].w13, moved.layers[1].w2, moved.final_norm))

@@ -9,7 +9,6 @@ from conftest import TINY_CONFIG
 from vllm_megakernel import reference as ref
 from vllm_megakernel.megakernel import abi, runtime
 from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
-from vllm_megakernel.megakernel.simulate import dims_intermediates
 from vllm_megakernel.paged_kv import PagedKVSim
 
 
@@ -21,7 +20,7 @@ def test_tables_point_at_weights_caches_and_vllm_buffers(tiny_checkpoint):
     inp = sim.step([1, 2, None])
     inp.input_ids = inp.input_ids.to(torch.int32)  # vLLM's dtypes: the tables must reference, not copy
     inp.seq_lens = inp.seq_lens.to(torch.int32)
-    sched = build_schedule(dims, StepShape(batch=3, num_sms=4, tile_n=16, attn_splits=2), *dims_intermediates(w))
+    sched = build_schedule(dims, StepShape(batch=3, num_sms=4, tile_n=16, attn_splits=2), *w.intermediates())
     step = runtime.build_step(sched, w, inp, timeout_s=1.5)
 
     s = dict(zip(abi.STEP_FIELDS, step.step_table.tolist()))

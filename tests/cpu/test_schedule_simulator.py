@@ -128,7 +128,7 @@ def test_step_through_schedule_matches_reference(dims, weights, batch, splits, o
     ref_inp, mk_inp = clone_inputs(inp), clone_inputs(inp)
     expected = ref.decode_step(dims, weights, ref_inp)
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=7, tile_n=16, attn_splits=splits),
-                           *simulate.dims_intermediates(weights))
+                           *weights.intermediates())
     got = simulate.decode_step(sched, weights, mk_inp, order=order, seed=splits)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     for a, b in zip(ref_inp.kv_caches, mk_inp.kv_caches):

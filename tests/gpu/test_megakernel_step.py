@@ -18,33 +18,26 @@ from conftest import FULL_CONFIG, TINY_CONFIG
 pytestmark = pytest.mark.gpu
 
 
-def _setup(config_dir, ckpt_dir, dims_cls):
+def _setup(config_dir, ckpt_dir):
     from vllm_megakernel import reference as ref
 
     dims = ref.ModelDims.from_config(config_dir)
-    w = ref.Weights.from_checkpoint(ckpt_dir, dims, dtype=torch.bfloat16)
-    w = ref.Weights(w.embed.cuda(), w.final_norm.cuda(),
-                    [ref.LayerWeights(**{f.name: (getattr(lw, f.name).cuda() if getattr(lw, f.name) is not None
-                                                  else None) for f in dataclasses.fields(lw)})
-                     for lw in w.layers])
-    return dims, w
+    return dims, ref.Weights.from_checkpoint(ckpt_dir, dims, dtype=torch.bfloat16).to("cuda")
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_checkpoint):
-    from vllm_megakernel import reference as ref
-    return _setup(TINY_CONFIG, tiny_checkpoint, ref.ModelDims)
+    return _setup(TINY_CONFIG, tiny_checkpoint)
 
 
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     """Full width, first 5 layers: dense+RoPE layer 0, sliding 1-3 (window 4096), NoPE full layer 4."""
-    from vllm_megakernel import reference as ref
     from vllm_megakernel.tools.make_checkpoint import write_checkpoint
 
     out = tmp_path_factory.mktemp("nmc-5l-mk")
     write_checkpoint(FULL_CONFIG, out, seed=2, num_layers=5)
-    return _setup(out, out, ref.ModelDims)
+    return _setup(out, out)
 
 
 ROUTER_TIE_TOL = 0.01  # sigmoid-score distance from the k-th best that counts as a tie (~2 bf16 ulps of logit)
@@ -64,7 +57,6 @@ def one_step(dims, weights, lengths, batch, splits, num_sms=132, tile_n=128, blo
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
-    from vllm_megakernel.megakernel.simulate import dims_intermediates
     from vllm_megakernel.paged_kv import PagedKVSim
 
     gen = torch.Generator().manual_seed(seed)
@@ -76,7 +68,7 @@ def one_step(dims, weights, lengths, batch, splits, num_sms=132, tile_n=128, blo
     inp = sim.step(toks)
     mk_inp = dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, tile_n=tile_n, attn_splits=splits),
-                           *dims_intermediates(weights))
+                           *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
     chosen = step.workspace["route_log"]
@@ -133,23 +125,21 @@ def test_wide_step_at_128k_context(wide):
 
 def test_a_stalled_barrier_is_reported_not_hung(tiny):
     """A schedule with one arrival missing: the kernel gives up after the timeout and names the barrier."""
-    from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.abi import NO_BARRIER, Op
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
-    from vllm_megakernel.megakernel.simulate import dims_intermediates
     from vllm_megakernel.paged_kv import PagedKVSim
 
     dims, w = tiny
     sim = PagedKVSim(dims, num_requests=2, max_len=8, block_size=4, dtype=torch.bfloat16, device="cuda")
     inp = sim.step([5, 7])
-    sched = build_schedule(dims, StepShape(batch=2, num_sms=16, tile_n=16, attn_splits=1), *dims_intermediates(w))
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=16, tile_n=16, attn_splits=1), *w.intermediates())
     victim = next(t for t in sched.tasks if t.op == Op.MOE_UPGATE and t.layer == 2)
     victim.signal = NO_BARRIER
     step = runtime.build_step(sched, w, inp, timeout_s=0.2)
     with pytest.raises(runtime.MegakernelStallError, match=r"L2\.moe_up\.s0\): expected 2, saw 1"):
         runtime.run_step(step)
     # the GPU is fine afterwards: a correct schedule runs on the same device
-    good = build_schedule(dims, StepShape(batch=2, num_sms=16, tile_n=16, attn_splits=1), *dims_intermediates(w))
+    good = build_schedule(dims, StepShape(batch=2, num_sms=16, tile_n=16, attn_splits=1), *w.intermediates())
     out = runtime.run_step(runtime.build_step(good, w, sim.step([1, 2])))
     assert torch.isfinite(out).all()

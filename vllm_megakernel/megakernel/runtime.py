@@ -95,8 +95,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     dev, dt = weights.embed.device, weights.embed.dtype
     if dt != torch.bfloat16:
         raise ValueError(f"the megakernel runs bf16 weights, got {dt}")
-    moe_i = next(lw.w2.shape[2] for lw in weights.layers if lw.w2 is not None)
-    dense_i = next((lw.down.shape[1] for lw in weights.layers if lw.down is not None), 0)
+    moe_i, dense_i = weights.intermediates()
     slots = schedule.num_slots
     if workspace is None:
         workspace = allocate_workspace(dims, B, S, moe_i, dense_i, dev, dt, route_log)

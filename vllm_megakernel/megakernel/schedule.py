@@ -134,7 +134,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     ``moe_intermediate`` / ``dense_intermediate`` are the expert and dense-prefix FFN widths (the config's
     ``intermediate_size`` and ``prefix_dense_intermediate_size``).
     """
-    d, hq, hkv = dims.head_dim, dims.num_heads, dims.num_kv_heads
+    hq, hkv = dims.num_heads, dims.num_kv_heads
     if hq % hkv:
         raise ValueError("query heads must be a multiple of KV heads")
     group = hq // hkv

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from vllm_megakernel.megakernel.abi import NO_BARRIER, Op
+from vllm_megakernel.megakernel.abi import NO_BARRIER
 from vllm_megakernel.megakernel.schedule import Schedule, Task
 from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, rope_interleaved, route
 
@@ -175,9 +175,8 @@ class Numerics:
         self.o = torch.full_like(self.x, nan)
         self.mlp = torch.full_like(self.x, nan)
         self.out = torch.full_like(self.x, nan)
-        dense_i = max((lw.down.shape[1] for lw in weights.layers if lw.down is not None), default=0)
+        moe_i, dense_i = weights.intermediates()
         self.dact = torch.full((B, dense_i), nan, dtype=dt, device=dev)
-        moe_i = max((lw.w2.shape[2] for lw in weights.layers if lw.w2 is not None), default=0)
         K = dims.top_k
         self.act = torch.full((B * K, moe_i), nan, dtype=dt, device=dev)
         self.eout = torch.full((B * K, dims.hidden), nan, dtype=dt, device=dev)
@@ -335,14 +334,7 @@ def decode_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, orde
     return numerics.out
 
 
-def dims_intermediates(weights: Weights) -> tuple[int, int]:
-    """(moe_intermediate, dense_intermediate) from the weights' shapes."""
-    moe_i = next(lw.w2.shape[2] for lw in weights.layers if lw.w2 is not None)
-    dense_i = next((lw.down.shape[1] for lw in weights.layers if lw.down is not None), 0)
-    return moe_i, dense_i
-
-
 __all__ = [
     "BarrierCountError", "BarrierOverflow", "Deadlock", "Numerics", "RaceError", "ScheduleError",
-    "check_races", "decode_step", "dims_intermediates", "happens_before", "run",
+    "check_races", "decode_step", "happens_before", "run",
 ]
