@@ -17,10 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import SIDE_CONFIG
 from benchmarks.agreement import summarize
 
 TASKS = Path(__file__).parent / "tasks"
-SIDE_CONFIG = {"megakernel": {"megakernel": {"enabled": True}}, "stock": {"megakernel": {"enabled": False}}}
 
 
 def materialize_tasks(dest: Path) -> Path:

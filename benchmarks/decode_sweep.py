@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-SIDE_CONFIG = {"megakernel": {"megakernel": {"enabled": True}}, "stock": {"megakernel": {"enabled": False}}}
+from benchmarks import SIDE_CONFIG
 
 
 def _decision(model) -> dict:

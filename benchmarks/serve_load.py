@@ -24,7 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-SIDE_CONFIG = {"megakernel": {"megakernel": {"enabled": True}}, "stock": {"megakernel": {"enabled": False}}}
+from benchmarks import SIDE_CONFIG
+
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 DECISION_LINE = re.compile(r"(vllm_megakernel: decode runs on .*)")
 
