@@ -1,7 +1,7 @@
 // The persistent decode megakernel: one block per SM walks its own task list for the whole step.
 //
-// Warp 0 (controller) copies upcoming descriptors from global memory into a shared ring of kRingSlots so
-// workers never wait on a descriptor fetch. Warps 1.. (workers) take descriptors in order: one worker
+// Warp 0 (controller) copies upcoming descriptors from global memory into a shared ring of kRingSlots
+// (ring.cuh) so workers never wait on a descriptor fetch. Warps 1.. (workers) take descriptors in order: one worker
 // thread waits on the task's input barriers (bounded, see barrier.cuh), all workers run the opcode body,
 // make their writes visible, and one thread signals the task's barrier. Workers join on a named barrier
 // that leaves the controller out.
@@ -18,6 +18,7 @@
 #include "ops/o_proj.cuh"
 #include "ops/qkv_rope.cuh"
 #include "ops/router.cuh"
+#include "ring.cuh"
 
 namespace vllm_megakernel {
 namespace {
@@ -48,14 +49,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const long long* __restrict__ step_table, const long long* __restrict__ layer_table,
                   const int* __restrict__ tasks, int max_tasks, int* barriers, int* error) {
   __shared__ long long s_step[abi::kStepWords];
-  __shared__ int s_ring[kRingSlots][abi::kTaskWords];
-  __shared__ volatile int s_full[kRingSlots];
+  __shared__ DescriptorRing ring;
+  // Raised by the worker that saw a dependency wait give up; read by the controller while it waits for a
+  // free slot, so it stops instead of waiting for workers that have left.
   __shared__ volatile int s_abort;
   extern __shared__ float smem[];
 
   for (int i = threadIdx.x; i < abi::kStepWords; i += kThreads) s_step[i] = step_table[i];
-  if (threadIdx.x < kRingSlots) s_full[threadIdx.x] = 0;
-  if (threadIdx.x == 0) s_abort = 0;
+  if (threadIdx.x == 0) {
+    ring.init();
+    s_abort = 0;
+  }
   __syncthreads();  // the only full-block barrier: before the roles split
 
   const int* my_tasks = tasks + (long long)blockIdx.x * max_tasks * abi::kTaskWords;
@@ -63,18 +67,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp == 0) {  // controller
     for (int i = 0; i < max_tasks; ++i) {
-      const int slot = i % kRingSlots;
-      while (s_full[slot]) {
-        if (s_abort) return;
-        __nanosleep(32);
+      const int slot = DescriptorRing::slot(i);
+      if (i >= kRingSlots) {  // the slot's previous descriptor (task i - kRingSlots) must have been copied out
+        while (!DescriptorRing::test(&ring.empty[slot], DescriptorRing::parity(i - kRingSlots)))
+          if (s_abort) return;
       }
       const int word = my_tasks[(long long)i * abi::kTaskWords + lane];
-      s_ring[slot][lane] = word;
-      __syncwarp();
-      __threadfence_block();  // the descriptor is in shared memory before the slot is marked full
-      const int op = __shfl_sync(0xffffffffu, word, 0);
-      if (lane == 0) s_full[slot] = 1;
-      if (op == abi::OP_END) return;
+      ring.words[slot][lane] = word;
+      DescriptorRing::arrive(&ring.full[slot]);
+      if (__shfl_sync(0xffffffffu, word, 0) == abi::OP_END) return;
     }
     return;
   }
@@ -84,16 +85,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool leader = threadIdx.x == 32;
   __shared__ int s_desc[abi::kTaskWords];
   for (int i = 0; i < max_tasks; ++i) {
-    const int slot = i % kRingSlots;
-    if (leader) {
-      while (!s_full[slot]) __nanosleep(32);
-      __threadfence_block();
+    if (warp == 1) {  // the first worker warp takes the descriptor out of the ring, a word per lane
+      const int slot = DescriptorRing::slot(i);
+      // No abort check: the controller only ever waits on slots this warp has already freed.
+      while (!DescriptorRing::test(&ring.full[slot], DescriptorRing::parity(i))) {
+      }
+      s_desc[lane] = ring.words[slot][lane];
+      DescriptorRing::arrive(&ring.empty[slot]);
     }
     worker_sync();
-    if (threadIdx.x - 32 < abi::kTaskWords) s_desc[threadIdx.x - 32] = s_ring[slot][threadIdx.x - 32];
-    worker_sync();
-    if (leader) s_full[slot] = 0;  // every worker has its copy: the controller may refill the slot
     if (s_desc[abi::F_OPCODE] == abi::OP_END) return;
+    // Read now: after the last worker_sync of this task the first worker warp may already be writing the
+    // next descriptor into s_desc.
+    const int signal = s_desc[abi::F_SIGNAL_BARRIER];
     if (leader) {
       const bool ok = wait_barrier(barriers, s_desc[abi::F_WAIT0_BARRIER], s_desc[abi::F_WAIT0_COUNT], error,
                                    timeout_ns, s_desc) &&
@@ -102,11 +106,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!ok) s_abort = 1;
     }
     worker_sync();
-    if (s_abort) return;  // the controller sees s_abort too and stops refilling
+    if (s_abort) return;  // the controller sees s_abort too and stops waiting for free slots
     run_task(st, layer_table, s_desc, smem);
     __threadfence();  // this thread's outputs are visible device-wide before the signal below
     worker_sync();
-    if (leader) arrive_barrier(barriers, s_desc[abi::F_SIGNAL_BARRIER]);
+    if (leader) arrive_barrier(barriers, signal);
   }
 }
 

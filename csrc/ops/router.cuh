@@ -40,6 +40,7 @@ __device__ void op_router(const Step& st, const Layer& ly, int layer, float* sme
         const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
         if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
       }
+      __syncwarp();  // every lane has read this round's scores before lane 0 knocks out the winner
       if (lane == 0) {
         chosen[r * K + k] = best_e;
         topk_w[r * K + k] = best;
