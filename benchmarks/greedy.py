@@ -2,6 +2,10 @@
 (and, with --logprobs K, each step's top-K logprobs) of every prompt.
 
     python -m benchmarks.greedy MODEL_DIR ADDITIONAL_CONFIG_JSON [--max-tokens N] [--logprobs K]
+        [--compilation full-decode-only|vllm-default]
+
+``full-decode-only`` (the default) skips torch.compile and captures FULL CUDA graphs for decode batches
+only; ``vllm-default`` keeps vLLM's own defaults (torch.compile, FULL_AND_PIECEWISE graphs).
 
 Run once per side in a fresh process: which plugins load is decided per process (VLLM_PLUGINS).
 """
@@ -9,6 +13,11 @@ Run once per side in a fresh process: which plugins load is decided per process 
 import argparse
 import json
 import random
+
+COMPILATION = {
+    "full-decode-only": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+    "vllm-default": None,
+}
 
 
 def model_class_name(model):
@@ -24,18 +33,21 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--logprobs", type=int, default=0)
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--compilation", choices=list(COMPILATION), default="full-decode-only")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    compilation = COMPILATION[args.compilation]
     llm = LLM(
         model=args.model,
         additional_config=json.loads(args.additional_config),
         max_model_len=args.max_model_len,
-        gpu_memory_utilization=0.5,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=False,
-        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+        **({"compilation_config": compilation} if compilation else {}),
         seed=args.seed,
     )
     rng = random.Random(args.seed)

@@ -50,6 +50,23 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shallow_checkpoint(tmp_path_factory) -> Path:
+    """North Mini Code at full width, first 5 layers (dense+RoPE full layer 0, sliding 1-3, NoPE full 4),
+    realistic random bf16 weights (seed 1). With MEGAKERNEL_TEST_CHECKPOINT set, that folder is reused
+    when it holds a finished checkpoint and written otherwise, so several pytest processes on one GPU host
+    share one 6 GB checkpoint."""
+    from vllm_megakernel.tools.make_checkpoint import write_checkpoint
+
+    shared = os.environ.get("MEGAKERNEL_TEST_CHECKPOINT")
+    out = Path(shared) if shared else tmp_path_factory.mktemp("nmc-5l")
+    done = out / ".complete"
+    if not done.exists():
+        write_checkpoint(FULL_CONFIG, out, seed=1, num_layers=5)
+        done.write_text("seed=1 num_layers=5\n")
+    return out
+
+
+@pytest.fixture(scope="session")
 def vllm_cpu():
     """vLLM on its CPU platform in this process, with a 1-rank gloo group, so that models can be built from
     vLLM's real layers without a GPU. Returns ``build(config_dir, **engine_args) -> (model, vllm_config)``."""

@@ -1,6 +1,13 @@
 """Inside one vllm.LLM (eager, megakernel on): on every pure-decode step, run the megakernel AND vLLM's
 stock forward on the same inputs and KV cache, keep vLLM's output, and record the per-row cosine between
-the two final hidden states. Prints one JSON line: {"cos": [[...], ...], "steps": N, "batches": [...]}.
+the two final hidden states and between the two sides' logits, and where their expert choices part.
+
+Router logits are bf16, so two experts can be equally good to within rounding and two correct paths may
+route a row differently; once they do, that row's later layers see different inputs. So for every live row
+the script records the first MoE layer whose expert set differs (or -1) and whether that difference is a
+near-tie in stock's own sigmoid scores (every expert the megakernel chose scores within ROUTER_TIE_TOL of
+stock's k-th best). Prints one JSON line: {"rows": [[hidden_cos, logit_cos, first_flip_layer, near_tie],
+...] per step, "steps": N, "batches": [...]}.
 
     python tests/gpu/stepwise_compare.py MODEL_DIR [--prompt-lens 16,100,...] [--max-num-seqs N]
 
@@ -18,30 +25,61 @@ import types
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 
+ROUTER_TIE_TOL = 0.01  # as in test_megakernel_step: ~2 bf16 ulps of a router logit, in sigmoid-score units
+
+
+def first_flip(chosen, stock_logits, moe_layers, row, top_k):
+    """(layer, near_tie) of the first MoE layer where the megakernel's experts for ``row`` differ from
+    stock's top-k, or (-1, True)."""
+    import torch
+
+    for layer in moe_layers:
+        scores = torch.sigmoid(stock_logits[layer][row].float())
+        own = set(scores.topk(top_k).indices.tolist())
+        mine = chosen[layer, row]
+        if own == set(mine.tolist()):
+            continue
+        kth = scores.sort(descending=True).values[top_k - 1]
+        return layer, bool(scores[mine.long()].min() >= kth - ROUTER_TIE_TOL)
+    return -1, True
+
 
 def patch(model):
     import torch
     from vllm.forward_context import get_forward_context
 
     cls = type(model)
+    mk = model.megakernel
+    mk.record_routing()
+    moe_layers = [i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")]
+    stock_logits = {}
+    for i in moe_layers:  # stock's router logits, as its forward computes them
+        model.model.layers[i].mlp.gate.register_forward_hook(
+            lambda mod, args, out, i=i: stock_logits.__setitem__(i, out[0].detach().clone()))
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
-        mk = self.megakernel
         if mk.eligible(input_ids, inputs_embeds, intermediate_tensors):
+            batch = input_ids.shape[0]
             ours = mk.decode(input_ids, positions).clone()
+            chosen = mk.recorded_routing(batch).clone()
             # vLLM's forward rewrites the same K/V slots with its own values, so the next step starts
             # from stock's cache: every step is compared on identical inputs.
             stock = super(cls, self).forward(input_ids, positions, intermediate_tensors, inputs_embeds)
             md = get_forward_context().attn_metadata[mk.attn_layers[0].layer_name]
-            live = md.seq_lens[: input_ids.shape[0]] > 0
-            cos = torch.nn.functional.cosine_similarity(ours.float(), stock.float(), dim=-1)[live]
-            self._stepwise_cos.append(cos.tolist())
-            self._stepwise_batch.append(int(live.sum()))
+            live = (md.seq_lens[:batch] > 0).nonzero().flatten().tolist()
+            cos = torch.nn.functional.cosine_similarity(ours.float(), stock.float(), dim=-1)
+            # vLLM's own logits head on both (the base class's, so no error poisoning is involved)
+            logits = [super(cls, self).compute_logits(h[:batch]).float() for h in (ours, stock)]
+            logit_cos = torch.nn.functional.cosine_similarity(*logits, dim=-1)
+            rows = []
+            for r in live:
+                layer, tie = first_flip(chosen, stock_logits, moe_layers, r, mk.dims.top_k)
+                rows.append([cos[r].item(), logit_cos[r].item(), layer, tie])
+            self._stepwise_rows.append(rows)
             return stock
         return super(cls, self).forward(input_ids, positions, intermediate_tensors, inputs_embeds)
 
-    model._stepwise_cos = []
-    model._stepwise_batch = []
+    model._stepwise_rows = []
     model.forward = types.MethodType(forward, model)
     return True
 
@@ -58,7 +96,7 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=10000)
     args = ap.parse_args()
     llm = LLM(model=args.model, additional_config={"megakernel": {"enabled": True, "strict": True}},
-              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.6,
+              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.4,
               enable_prefix_caching=False, enforce_eager=True, seed=0)
     llm.apply_model(patch)
     rng = random.Random(0)
@@ -68,9 +106,8 @@ def main():
     params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens - (i % 8) * (args.max_tokens // 10),
                              ignore_eos=True) for i in range(len(prompts))]
     llm.generate(prompts, params)
-    cos = llm.apply_model(lambda m: m._stepwise_cos)[0]
-    batches = llm.apply_model(lambda m: m._stepwise_batch)[0]
-    print(json.dumps({"cos": cos, "steps": len(cos), "batches": batches}))
+    rows = llm.apply_model(lambda m: m._stepwise_rows)[0]
+    print(json.dumps({"rows": rows, "steps": len(rows), "batches": [len(r) for r in rows]}))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import FULL_CONFIG, TINY_CONFIG
+from conftest import TINY_CONFIG
 
 pytestmark = pytest.mark.gpu
 
@@ -31,13 +31,9 @@ def tiny(tiny_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def wide(tmp_path_factory):
+def wide(shallow_checkpoint):
     """Full width, first 5 layers: dense+RoPE layer 0, sliding 1-3 (window 4096), NoPE full layer 4."""
-    from vllm_megakernel.tools.make_checkpoint import write_checkpoint
-
-    out = tmp_path_factory.mktemp("nmc-5l-mk")
-    write_checkpoint(FULL_CONFIG, out, seed=2, num_layers=5)
-    return _setup(out, out)
+    return _setup(shallow_checkpoint, shallow_checkpoint)
 
 
 ROUTER_TIE_TOL = 0.01  # sigmoid-score distance from the k-th best that counts as a tie (~2 bf16 ulps of logit)

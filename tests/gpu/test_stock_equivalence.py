@@ -8,27 +8,18 @@ import sys
 
 import pytest
 
-from conftest import FULL_CONFIG, REPO
+from conftest import REPO
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def shallow_checkpoint(tmp_path_factory):
-    """North Mini Code at full width, first 5 layers: dense+RoPE full layer 0, sliding 1-3, NoPE full 4."""
-    from vllm_megakernel.tools.make_checkpoint import write_checkpoint
-
-    out = tmp_path_factory.mktemp("nmc-5l")
-    write_checkpoint(FULL_CONFIG, out, seed=1, num_layers=5)
-    return out
-
-
-def greedy(model_dir, additional_config, plugins_on=True):
+def greedy(model_dir, additional_config, plugins_on=True, *args):
+    """One side of a greedy A/B in a fresh process (benchmarks.greedy); extra CLI args pass through."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     if not plugins_on:
         env["VLLM_PLUGINS"] = ""  # load no general plugin: vLLM exactly as shipped
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.greedy", str(model_dir), json.dumps(additional_config)],
+        [sys.executable, "-m", "benchmarks.greedy", str(model_dir), json.dumps(additional_config), *args],
         capture_output=True, text=True, timeout=900, env=env, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]

@@ -94,6 +94,23 @@ class MegakernelDecoder:
             device=torch.device("cuda", torch.cuda.current_device()),
         )
         self._error_flag_host = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=torch.cuda.is_available())
+        self.routing_recorded = False
+
+    def record_routing(self) -> None:
+        """From the next launch on, every step writes each MoE layer's chosen experts to
+        :meth:`recorded_routing` (for step-by-step comparisons in eager mode; task lists are rebuilt)."""
+        ws = self.workspace
+        ws["route_log"] = torch.full((self.dims.num_layers, self.max_batch, self.dims.top_k), -1,
+                                     dtype=torch.int32, device=ws["x"].device)
+        self.routing_recorded = True
+        self.retired += [e.step for e in self.entries.values()]
+        self.entries.clear()
+
+    def recorded_routing(self, batch: int) -> torch.Tensor:
+        """int32 [num_layers, batch, top_k]: the experts the last launch (of this batch) chose per layer and
+        row; -1 on layers without experts."""
+        n = self.dims.num_layers * batch * self.dims.top_k
+        return self.workspace["route_log"].view(-1)[:n].view(self.dims.num_layers, batch, self.dims.top_k)
 
     # -- which batches
     def eligible(self, input_ids: torch.Tensor | None, inputs_embeds, intermediate_tensors) -> bool:
@@ -165,7 +182,8 @@ class MegakernelDecoder:
             sched = build_schedule(self.dims, StepShape(batch=batch, num_sms=self.num_sms, attn_splits=splits),
                                    self.moe_intermediate, self.dense_intermediate)
             self.schedules[batch] = sched
-        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, workspace=self.workspace)
+        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s,
+                                  route_log=self.routing_recorded, workspace=self.workspace)
         # The step must read vLLM's buffers themselves, not copies: a copy would freeze one step's inputs.
         read = {k.data_ptr() for k in step.keepalive}
         buffers = [("input_ids", inputs.input_ids), ("positions", inputs.positions), ("seq_lens", inputs.seq_lens)]
