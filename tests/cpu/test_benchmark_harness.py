@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from conftest import FULL_CONFIG
+from conftest import FULL_CONFIG, REPO
 from benchmarks import report
 from benchmarks.sol import ModelBytes, context_fits, expected_distinct_experts, sol_tokens_per_s
 
@@ -184,3 +184,16 @@ def test_served_waits_for_health_and_stops_the_server(tmp_path):
     with pytest.raises(ServerError, match="exited with 3"):
         with served([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], port, tmp_path / "log2", 30):
             pass
+
+
+RECORDED = sorted((REPO / "benchmarks" / "results").glob("*/results.json"))
+
+
+@pytest.mark.parametrize("results", RECORDED, ids=[p.parent.name for p in RECORDED])
+def test_committed_results_regenerate_their_table(results, tmp_path):
+    """Every committed sweep's table.md is what the report code makes of its results.json, so a committed
+    table cannot drift from its data (or from the report code) unnoticed."""
+    recorded = json.loads(results.read_text())
+    assert (results.parent / "table.md").read_text() == report.markdown(recorded)
+    report.plots(recorded, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.name for p in results.parent.glob("*.png"))
