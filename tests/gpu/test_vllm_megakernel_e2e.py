@@ -34,6 +34,8 @@ STEPWISE_CASES = {
     "join_leave": dict(prompt_lens=",".join(["300"] * 12), max_num_seqs=3),
     # a full 64-wide batch
     "batch64": dict(prompt_lens=",".join(["200"] * 64), max_num_seqs=64),
+    # 128K context (full layers attend to all of it) next to a short one
+    "128k": dict(prompt_lens="131072,2000", max_num_seqs=64, max_model_len=131200),
 }
 
 
@@ -42,6 +44,8 @@ def test_each_decode_step_matches_stock_vllm_on_identical_inputs(shallow_checkpo
     opts = STEPWISE_CASES[case]
     cmd = [sys.executable, str(HERE / "stepwise_compare.py"), str(shallow_checkpoint),
            "--prompt-lens", opts["prompt_lens"], "--max-num-seqs", str(opts["max_num_seqs"])]
+    if "max_model_len" in opts:
+        cmd += ["--max-model-len", str(opts["max_model_len"])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-6000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

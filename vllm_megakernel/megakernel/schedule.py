@@ -96,6 +96,27 @@ class Schedule:
             rows.append(sm_rows + [end] * (longest + 1 - len(sm_rows)))
         return torch.tensor(rows, dtype=torch.int32)
 
+    def wave_range(self, layer: int, wave: str) -> tuple[int, int]:
+        """[start, stop) task indices of one wave of one layer (a wave's tasks are numbered contiguously)."""
+        idx = [t.index for t in self.tasks if t.layer == layer and t.wave == wave]
+        if not idx:
+            raise KeyError(f"layer {layer} has no {wave!r} wave")
+        assert idx == list(range(idx[0], idx[-1] + 1)), f"layer {layer} {wave} is not contiguous"
+        return idx[0], idx[-1] + 1
+
+    def truncated(self, num_tasks: int) -> Schedule:
+        """The step up to (not including) task ``num_tasks``: tasks are numbered in a topological order, so a
+        prefix keeps every input of every kept task. Barrier targets are recounted over the kept tasks, so
+        the prefix is itself a complete schedule (the simulator's exact-count check holds) and the kernel can
+        run it to inspect the workspace between any two waves."""
+        tasks = self.tasks[:num_tasks]
+        barriers = [Barrier(b.name) for b in self.barriers]
+        for t in tasks:
+            if t.signal != NO_BARRIER:
+                barriers[t.signal].target += 1
+        sm_tasks = [[i for i in lst if i < num_tasks] for lst in self.sm_tasks]
+        return Schedule(self.dims, self.shape, tasks, barriers, sm_tasks)
+
     def barrier_name(self, barrier: int) -> str:
         return self.barriers[barrier].name if 0 <= barrier < len(self.barriers) else f"barrier {barrier}"
 

@@ -185,6 +185,39 @@ class Numerics:
         self.slot_rows: list[list[int]] = []
         self.live = inputs.seq_lens > 0
 
+    # -- the kernel's workspace (runtime.allocate_workspace): every buffer is used as a flat prefix laid out
+    # for this schedule's batch and splits; the route buffer is [num_active, slot_expert[slots],
+    # slot_count[slots], slot_rows[slots][batch]] (csrc/common.cuh).
+    _BUFFERS = ("x", "hn", "q", "opart", "lse", "attn", "o", "mlp", "out", "dact", "act", "eout", "topk_w")
+
+    def load_workspace(self, ws: dict[str, torch.Tensor]) -> None:
+        """Adopts the state of a kernel workspace, e.g. after the kernel ran a truncated schedule, so the
+        next wave can be executed here with torch ops on exactly the kernel's inputs."""
+        for name in self._BUFFERS:
+            dst = getattr(self, name)
+            dst.copy_(ws[name].reshape(-1)[: dst.numel()].view(dst.shape))
+        route = ws["route"].tolist()
+        slots, B = self.s.num_slots, self.s.shape.batch
+        active = route[0]
+        self.slot_expert = route[1:1 + active]
+        counts = route[1 + slots:1 + slots + active]
+        base = 1 + 2 * slots
+        self.slot_rows = [route[base + s * B:base + s * B + counts[s]] for s in range(active)]
+
+    def store_workspace(self, ws: dict[str, torch.Tensor]) -> None:
+        """The inverse of :meth:`load_workspace`: writes this state in the kernel's layout."""
+        for name in self._BUFFERS:
+            src = getattr(self, name)
+            ws[name].reshape(-1)[: src.numel()].copy_(src.reshape(-1))
+        slots, B = self.s.num_slots, self.s.shape.batch
+        route = ws["route"]
+        route[0] = len(self.slot_expert)
+        for s, (e, rows) in enumerate(zip(self.slot_expert, self.slot_rows)):
+            route[1 + s] = e
+            route[1 + slots + s] = len(rows)
+            base = 1 + 2 * slots + s * B
+            route[base:base + len(rows)] = torch.tensor(rows, dtype=route.dtype)
+
     def cols(self, tile: int) -> slice:
         n = self.s.shape.tile_n
         return slice(tile * n, (tile + 1) * n)
