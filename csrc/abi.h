@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -100,7 +100,8 @@ constexpr int S_EOUT = 34;
 constexpr int S_TOPK_W = 35;
 constexpr int S_ROUTE = 36;
 constexpr int S_ROUTE_LOG = 37;
-constexpr int kStepWords = 38;
+constexpr int S_TRACE = 38;
+constexpr int kStepWords = 39;
 
 // Layer table words (int64).
 constexpr int L_DENSE = 0;
@@ -134,5 +135,12 @@ constexpr int E_BARRIER = 5;
 constexpr int E_EXPECTED = 6;
 constexpr int E_SEEN = 7;
 constexpr int kErrorWords = 8;
+
+// Trace record words (int64).
+constexpr int T_SM = 0;
+constexpr int T_WAIT_START_NS = 1;
+constexpr int T_RUN_START_NS = 2;
+constexpr int T_END_NS = 3;
+constexpr int kTraceWords = 4;
 
 }  // namespace vllm_megakernel::abi

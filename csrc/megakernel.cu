@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Step st{s_step};
   const long long timeout_ns = s_step[abi::S_TIMEOUT_NS];
   const bool leader = threadIdx.x == 32;
+  long long* const trace = st.ptr<long long>(abi::S_TRACE);  // null unless profiling
   __shared__ int s_desc[abi::kTaskWords];
   for (int i = 0; i < max_tasks; ++i) {
     if (warp == 1) {  // the first worker warp takes the descriptor out of the ring, a word per lane
@@ -98,19 +99,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Read now: after the last worker_sync of this task the first worker warp may already be writing the
     // next descriptor into s_desc.
     const int signal = s_desc[abi::F_SIGNAL_BARRIER];
+    const int task_index = s_desc[abi::F_TASK_INDEX];
+    unsigned long long wait_start = 0, run_start = 0;
     if (leader) {
+      if (trace) wait_start = global_timer_ns();
       const bool ok = wait_barrier(barriers, s_desc[abi::F_WAIT0_BARRIER], s_desc[abi::F_WAIT0_COUNT], error,
                                    timeout_ns, s_desc) &&
                       wait_barrier(barriers, s_desc[abi::F_WAIT1_BARRIER], s_desc[abi::F_WAIT1_COUNT], error,
                                    timeout_ns, s_desc);
       if (!ok) s_abort = 1;
+      if (trace) run_start = global_timer_ns();
     }
     worker_sync();
     if (s_abort) return;  // the controller sees s_abort too and stops waiting for free slots
     run_task(st, layer_table, s_desc, smem);
     __threadfence();  // this thread's outputs are visible device-wide before the signal below
     worker_sync();
-    if (leader) arrive_barrier(barriers, signal);
+    if (leader) {
+      if (trace) {
+        long long* rec = trace + (long long)task_index * abi::kTraceWords;
+        rec[abi::T_SM] = blockIdx.x;
+        rec[abi::T_WAIT_START_NS] = (long long)wait_start;
+        rec[abi::T_RUN_START_NS] = (long long)run_start;
+        rec[abi::T_END_NS] = (long long)global_timer_ns();
+      }
+      arrive_barrier(barriers, signal);
+    }
   }
 }
 

@@ -69,10 +69,12 @@ class PagedKVSim:
             self.free[g].append(blk)
 
     def fill_history(self, lengths: Sequence[int], generator: torch.Generator | None = None,
-                     scale: float = 1.0) -> None:
+                     scale: float = 1.0, values: bool = True) -> None:
         """Gives request r a history of ``lengths[r]`` tokens of random K/V, laid out as if prefilled: the
         blocks a sliding group has already dropped are the null block, slots past the history stay NaN.
-        Faster than stepping the model through long contexts; the attention reads whatever is cached."""
+        Faster than stepping the model through long contexts; the attention reads whatever is cached.
+        ``values=False`` only lays out the block tables and leaves the cache contents alone (timing runs
+        fill whole caches at once, which is much faster than block by block)."""
         bs = self.block_size
         for r, n in enumerate(lengths):
             if self.lens[r]:
@@ -85,7 +87,7 @@ class PagedKVSim:
                     blk = self.free[g].pop()
                     self.tables[g][r, j] = blk
                     valid = min(bs, n - j * bs)
-                    for layer in self.groups[g]:
+                    for layer in (self.groups[g] if values else ()):
                         cache = self.kv_caches[layer]
                         vals = torch.randn((2, valid) + tuple(cache.shape[3:]), generator=generator,
                                            dtype=torch.float32) * scale

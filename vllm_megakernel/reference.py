@@ -184,6 +184,32 @@ class Weights:
         return cls(get("model.embed_tokens.weight"), get("model.norm.weight"), layers)
 
     @classmethod
+    def random(cls, dims: ModelDims, moe_intermediate: int, dense_intermediate: int, device,
+               dtype: torch.dtype = torch.bfloat16, std: float = 0.02, seed: int = 0) -> Weights:
+        """Realistic random weights made directly on ``device`` in vLLM's layout: matrices ~ N(0, std),
+        norms 1 (the make_checkpoint recipe without the files; for timing the whole model on one GPU)."""
+        gen = torch.Generator(device=device).manual_seed(seed)
+        H, D, E = dims.hidden, dims.head_dim, dims.num_experts
+
+        def mat(*shape):
+            return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+
+        def ones(n):
+            return torch.ones(n, dtype=dtype, device=device)
+
+        layers = []
+        for i in range(dims.num_layers):
+            lw = LayerWeights(norm=ones(H), qkv=mat((dims.num_heads + 2 * dims.num_kv_heads) * D, H),
+                              o=mat(H, dims.num_heads * D))
+            if dims.dense[i]:
+                lw.gate_up, lw.down = mat(2 * dense_intermediate, H), mat(H, dense_intermediate)
+            else:
+                lw.router = mat(E, H)
+                lw.w13, lw.w2 = mat(E, 2 * moe_intermediate, H), mat(E, H, moe_intermediate)
+            layers.append(lw)
+        return cls(mat(dims.vocab, H), ones(H), layers)
+
+    @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, dims: ModelDims, dtype: torch.dtype | None = None) -> Weights:
         from safetensors.torch import load_file
 

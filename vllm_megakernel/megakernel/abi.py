@@ -16,7 +16,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -96,7 +96,13 @@ STEP_FIELDS = (
     "x", "hn", "q", "opart", "lse", "attn", "o", "mlp", "out", "dact", "act", "eout", "topk_w", "route",
     # optional (0 = off): int32 [num_layers, B, K], every MoE layer's chosen experts (accuracy tooling)
     "route_log",
+    # optional (0 = off): int64 [num_tasks, len(TRACE_FIELDS)], per task where and when it ran (profiling)
+    "trace",
 )
+
+# One trace record per task (globaltimer nanoseconds): the SM, when its first wait began, when its body
+# began (all waits satisfied), when its outputs were fenced (just before it signalled).
+TRACE_FIELDS = ("sm", "wait_start_ns", "run_start_ns", "end_ns")
 
 # The layer table: one row of int64 words per layer. The KV cache is vLLM's FlashAttention layout
 # (num_blocks, 2, block_size, num_kv_heads, head_dim) with strides in elements (head_dim is contiguous);
@@ -180,7 +186,9 @@ def render_header() -> str:
     lines += [f"constexpr int kLayerWords = {len(LAYER_FIELDS)};"]
     lines += ["", "// Error record words."]
     lines += [f"constexpr int E_{name.upper()} = {i};" for i, name in enumerate(ERROR_FIELDS)]
-    lines += [f"constexpr int kErrorWords = {len(ERROR_FIELDS)};", "", "}  // namespace vllm_megakernel::abi", ""]
+    lines += [f"constexpr int kErrorWords = {len(ERROR_FIELDS)};", "", "// Trace record words (int64)."]
+    lines += [f"constexpr int T_{name.upper()} = {i};" for i, name in enumerate(TRACE_FIELDS)]
+    lines += [f"constexpr int kTraceWords = {len(TRACE_FIELDS)};", "", "}  // namespace vllm_megakernel::abi", ""]
     return "\n".join(lines)
 
 

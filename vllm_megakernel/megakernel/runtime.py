@@ -43,6 +43,7 @@ class DeviceStep:
     workspace: dict[str, torch.Tensor]
     smem_bytes: int
     keepalive: list[torch.Tensor]  # converted inputs referenced by address in the tables
+    trace: torch.Tensor | None = None  # int64 [num_tasks, len(abi.TRACE_FIELDS)] when built with trace=True
 
     @property
     def out(self) -> torch.Tensor:
@@ -82,12 +83,14 @@ def allocate_workspace(dims, max_batch: int, attn_splits: int, moe_intermediate:
 
 
 def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
-               route_log: bool = False, workspace: dict[str, torch.Tensor] | None = None) -> DeviceStep:
+               route_log: bool = False, workspace: dict[str, torch.Tensor] | None = None,
+               trace: bool = False) -> DeviceStep:
     """Tables for ``schedule`` over these weights and input buffers (all on one CUDA device).
 
     ``workspace`` (from :func:`allocate_workspace`, sized for this batch or more) is shared between the
     steps of different batch sizes; without it a private one is allocated. ``route_log`` records each MoE
-    layer's experts in ``workspace["route_log"]`` (int32 [num_layers, B, K]).
+    layer's experts in ``workspace["route_log"]`` (int32 [num_layers, B, K]). ``trace`` makes every launch
+    record where and when each task ran in :attr:`DeviceStep.trace` (see :mod:`.trace`).
     """
     dims, shape = schedule.dims, schedule.shape
     B, H, D = shape.batch, dims.hidden, dims.head_dim
@@ -123,6 +126,10 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
         **{name: _addr(t) for name, t in ws.items() if name != "route_log" or route_log},
     }
     step.setdefault("route_log", 0)
+    trace_buf = None
+    if trace:  # every launch of this step overwrites one record per task (megakernel.trace reads them)
+        trace_buf = torch.zeros(len(schedule.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64, device=dev)
+    step["trace"] = _addr(trace_buf) if trace_buf is not None else 0
     step_table = torch.tensor([step[f] for f in abi.STEP_FIELDS], dtype=torch.int64, device=dev)
 
     rows = []
@@ -153,7 +160,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     return DeviceStep(
         schedule=schedule, step_table=step_table, layer_table=layer_table,
         tasks=schedule.encode().to(dev), barriers=torch.zeros(len(schedule.barriers), dtype=torch.int32, device=dev),
-        error=_error_init(dev), workspace=ws, smem_bytes=4 * smem_floats, keepalive=keep,
+        error=_error_init(dev), workspace=ws, smem_bytes=4 * smem_floats, keepalive=keep, trace=trace_buf,
     )
 
 

@@ -1,0 +1,111 @@
+"""Host side of kernel profiling: the per-wave summary of a traced launch, the profile report's arithmetic,
+random weights in vLLM's layout, and bulk-fill KV layouts (all on synthetic data; the GPU run is
+benchmarks.kernel_profile)."""
+
+import torch
+import pytest
+
+from conftest import TINY_CONFIG
+from vllm_megakernel import reference as ref
+from vllm_megakernel.megakernel import abi, trace
+from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+from vllm_megakernel.paged_kv import PagedKVSim
+
+TINY_I, TINY_DENSE_I = 32, 96
+
+
+@pytest.fixture(scope="module")
+def dims():
+    return ref.ModelDims.from_config(TINY_CONFIG)
+
+
+def synthetic_records(sched, run_ns, wait_ns, gap_ns=100):
+    """Waves run one after another (in task order); every task of wave w waits wait_ns[w] then runs
+    run_ns[w]; the tasks of one wave and layer run side by side on different SMs."""
+    rec = torch.zeros(len(sched.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64)
+    t = 1_000_000
+    current, wave_start = None, t
+    for task in sched.tasks:
+        key = (task.layer, task.wave)
+        if key != current:
+            if current is not None:
+                t = wave_start + wait_ns[current[1]] + run_ns[current[1]] + gap_ns
+            current, wave_start = key, t
+        rec[task.index] = torch.tensor([task.sm, wave_start, wave_start + wait_ns[task.wave],
+                                        wave_start + wait_ns[task.wave] + run_ns[task.wave]])
+    return rec
+
+
+def test_wave_summary_recovers_run_wait_span_and_share(dims):
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, tile_n=16, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    run_ns = {w: 1000 * (i + 1) for i, w in enumerate(waves)}
+    wait_ns = {w: 500 for w in waves}
+    step_us, rows = trace.summarize(sched, synthetic_records(sched, run_ns, wait_ns))
+    by = {r.wave: r for r in rows}
+    assert [r.wave for r in rows][:2] == ["norm", "qkv"]  # step order
+    for w in waves:
+        assert by[w].run_us == pytest.approx(run_ns[w] / 1e3)
+        assert by[w].wait_us == pytest.approx(0.5)
+        assert by[w].span_us == pytest.approx(run_ns[w] / 1e3)  # tasks of one layer run side by side
+    layers_of = {w: len({t.layer for t in sched.tasks if t.wave == w}) for w in waves}
+    assert by["qkv"].layers == dims.num_layers and by["router"].layers == sum(not d for d in dims.dense)
+    assert by["qkv"].tasks_per_layer == dims.num_heads + 2 * dims.num_kv_heads
+    assert by["qkv"].sms == 5
+    assert sum(r.share for r in rows) < 1.0  # gaps and waits are not any wave's span
+    busy = sum(layers_of[w] * run_ns[w] for w in waves) / 1e3
+    assert sum(r.share for r in rows) * step_us == pytest.approx(busy)
+    table = trace.markdown(step_us, rows)
+    assert table.count("\n| ") == len(rows) + 1 and "step wall time" in table
+
+
+def test_an_unfinished_or_mismatched_trace_is_refused(dims):
+    sched = build_schedule(dims, StepShape(batch=1, num_sms=3, tile_n=16), TINY_I, TINY_DENSE_I)
+    rec = torch.zeros(len(sched.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64)
+    with pytest.raises(ValueError, match="no trace record"):
+        trace.summarize(sched, rec)
+    with pytest.raises(ValueError, match="shape"):
+        trace.summarize(sched, rec[:-1])
+
+
+def test_profile_report_bandwidth_arithmetic(dims):
+    import json
+
+    from benchmarks import kernel_profile
+    from benchmarks.sol import ModelBytes
+
+    config = json.loads((TINY_CONFIG / "config.json").read_text())
+    result = {"batch": 2, "context": 100, "attn_splits": 1, "tasks": 10, "step_us_median": 50.0,
+              "step_us_min": 49.0, "traced_step_us": 51.0, "distinct_experts": 7.0, "waves": []}
+    nbytes = kernel_profile.kernel_bytes(config, 100, 2, 7.0)
+    mb = ModelBytes.from_config(config)
+    assert nbytes == mb.step_bytes([100, 100], 7.0) - config["vocab_size"] * config["hidden_size"] * 2
+    text = kernel_profile.report([result], bandwidth=1e12, config=config)
+    gbs = nbytes / 50e-6 / 1e9
+    assert f"| 2 | 100 | 1 | 10 | 50 | 40000 | 7.0 | {nbytes / 1e9:.2f} | {gbs:.0f} |" in text
+
+
+def test_random_weights_have_the_checkpoint_layout_and_decode(dims, tiny_checkpoint):
+    ckpt = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.float32)
+    rnd = ref.Weights.random(dims, *ckpt.intermediates(), device="cpu", dtype=torch.float32, seed=3)
+    assert rnd.embed.shape == ckpt.embed.shape and rnd.final_norm.shape == ckpt.final_norm.shape
+    for a, b in zip(rnd.layers, ckpt.layers):
+        for f in ("norm", "qkv", "o", "gate_up", "down", "router", "w13", "w2"):
+            x, y = getattr(a, f), getattr(b, f)
+            assert (x is None) == (y is None) and (x is None or x.shape == y.shape), f
+    assert rnd.layers[1].w13.std().item() == pytest.approx(0.02, rel=0.05)
+    sim = PagedKVSim(dims, num_requests=2, max_len=8, block_size=4)
+    out = ref.decode_step(dims, rnd, sim.step([3, 4]))
+    assert torch.isfinite(out).all()
+
+
+def test_layout_only_history_matches_the_filled_one_and_leaves_the_cache_alone(dims):
+    lengths = [dims.sliding_window + 5, 3]
+    a = PagedKVSim(dims, num_requests=2, max_len=40, block_size=4, seed=1)
+    b = PagedKVSim(dims, num_requests=2, max_len=40, block_size=4, seed=1)
+    a.fill_history(lengths, generator=torch.Generator().manual_seed(0))
+    b.fill_history(lengths, values=False)
+    for ta, tb in zip(a.tables, b.tables):
+        assert torch.equal(ta, tb)
+    assert all(torch.isnan(c).all() for c in b.kv_caches)
+    assert not all(torch.isnan(c).all() for c in a.kv_caches)

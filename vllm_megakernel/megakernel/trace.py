@@ -1,0 +1,83 @@
+"""Where a megakernel step spends its time, from the per-task records of a traced launch.
+
+``runtime.build_step(..., trace=True)`` gives the kernel a buffer with one record per task (abi.TRACE_FIELDS:
+SM, wait start, run start, end; globaltimer ns). This module turns it into a per-wave table:
+
+- tasks per layer and the SMs they landed on;
+- run time: mean body time of one task (run start to end), the work the wave does per task;
+- wait time: mean time a task's leader spent on its input barriers, i.e. waiting for earlier waves;
+- span: per layer, first run start to last end of the wave's tasks, averaged over layers -- the wall time
+  the wave occupies on the critical path when waves do not overlap;
+- share: the wave's summed spans over the whole step's wall time (first wait start to last end).
+
+Plain torch on the host; the CPU tests feed it synthetic records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import torch
+
+from vllm_megakernel.megakernel import abi
+from vllm_megakernel.megakernel.schedule import Schedule
+
+
+@dataclasses.dataclass
+class WaveTime:
+    wave: str
+    ops: str
+    layers: int
+    tasks_per_layer: float
+    sms: int
+    run_us: float  # mean task body time
+    wait_us: float  # mean time on input barriers
+    span_us: float  # mean per-layer span
+    share: float  # summed spans / step time
+
+
+def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[WaveTime]]:
+    """(step wall time in us, per-wave rows in step order) from a [num_tasks, TRACE_FIELDS] record tensor."""
+    rec = records.detach().to("cpu", torch.int64)
+    if rec.shape != (len(schedule.tasks), len(abi.TRACE_FIELDS)):
+        raise ValueError(f"trace has shape {tuple(rec.shape)}, schedule has {len(schedule.tasks)} tasks")
+    f = {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
+    if (f["end_ns"] == 0).any():
+        missing = int((f["end_ns"] == 0).sum())
+        raise ValueError(f"{missing} tasks have no trace record: the launch did not finish (or was not traced)")
+    t0, t1 = int(f["wait_start_ns"].min()), int(f["end_ns"].max())
+    step_us = (t1 - t0) / 1e3
+    by_wave: dict[str, list[int]] = defaultdict(list)
+    order: list[str] = []
+    for t in schedule.tasks:
+        if t.wave not in by_wave:
+            order.append(t.wave)
+        by_wave[t.wave].append(t.index)
+    rows = []
+    for wave in order:
+        idx = torch.tensor(by_wave[wave])
+        run = (f["end_ns"][idx] - f["run_start_ns"][idx]).double() / 1e3
+        wait = (f["run_start_ns"][idx] - f["wait_start_ns"][idx]).double() / 1e3
+        per_layer: dict[int, list[int]] = defaultdict(list)
+        for i in by_wave[wave]:
+            per_layer[schedule.tasks[i].layer].append(i)
+        spans = [(int(f["end_ns"][ix].max()) - int(f["run_start_ns"][ix].min())) / 1e3
+                 for ix in (torch.tensor(v) for v in per_layer.values())]
+        ops = sorted({schedule.tasks[i].op.name for i in by_wave[wave]})
+        rows.append(WaveTime(
+            wave=wave, ops="/".join(ops), layers=len(per_layer), tasks_per_layer=len(idx) / len(per_layer),
+            sms=len(set(f["sm"][idx].tolist())), run_us=float(run.mean()), wait_us=float(wait.mean()),
+            span_us=sum(spans) / len(spans), share=sum(spans) / step_us if step_us else 0.0,
+        ))
+    return step_us, rows
+
+
+def markdown(step_us: float, rows: list[WaveTime]) -> str:
+    lines = [f"step wall time (traced launch): {step_us:.1f} us", "",
+             "| wave | opcodes | layers | tasks/layer | SMs | task run us | task wait us | span us/layer | share |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.wave} | {r.ops} | {r.layers} | {r.tasks_per_layer:.0f} | {r.sms} | {r.run_us:.1f} | "
+                     f"{r.wait_us:.1f} | {r.span_us:.1f} | {100 * r.share:.0f}% |")
+    return "\n".join(lines) + "\n"
