@@ -1,13 +1,16 @@
 """Where the megakernel's decode step spends its time: the kernel alone (no vLLM, no LM head), the whole
 model on random weights, a per-wave breakdown from a traced launch.
 
-    python -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1,8 --context 8192
+    python -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1,8 --context 8192 \
+        [--tile-n 128,64,32]
 
 Per batch size: the median step time of --iters untraced launches (CUDA events), the bytes the step read
 (weights of the experts the kernel actually chose, from its routing log, plus the KV it attended over) and
 the bandwidth that is, against the copy bandwidth measured in the same run; then megakernel.trace's table
 of one traced launch (task run and wait times, per-layer span and share of the step per wave). This is the
 tool for deciding what v2 changes; end-to-end speed against stock vLLM comes from benchmarks.decode_sweep.
+Several --tile-n values (output columns per GEMM task; the kernel reads it from the step table) compare
+schedules in one run: fewer columns per task spread a wave over more SMs at more per-task overhead.
 With --out the report is also written there (report.md, profile.json).
 """
 
@@ -20,7 +23,8 @@ import statistics
 from pathlib import Path
 
 
-def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: int, seed: int) -> dict:
+def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: int, seed: int,
+                  tile_n: int = 128) -> dict:
     import torch
 
     from vllm_megakernel.megakernel import runtime, trace
@@ -35,7 +39,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     gen = torch.Generator().manual_seed(seed)
     inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in range(batch)])
     splits = attn_splits_for(context + 1, batch=batch, num_kv_heads=dims.num_kv_heads, num_sms=num_sms)
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits),
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, tile_n=tile_n, attn_splits=splits),
                            *weights.intermediates())
 
     plain = runtime.build_step(sched, weights, inp)
@@ -60,7 +64,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     chosen = chosen.view(dims.num_layers, batch, dims.top_k)
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
-    return {"batch": batch, "context": context, "attn_splits": splits, "tasks": len(sched.tasks),
+    return {"batch": batch, "context": context, "tile_n": tile_n, "attn_splits": splits, "tasks": len(sched.tasks),
             "step_us_median": statistics.median(times), "step_us_min": min(times),
             "traced_step_us": step_us, "distinct_experts": distinct,
             "waves": [dataclasses.asdict(r) for r in rows]}
@@ -79,18 +83,19 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
     from vllm_megakernel.megakernel import trace
 
     lines = [f"HBM copy bandwidth measured in this run: {bandwidth / 1e12:.2f} TB/s", "",
-             "| batch | context | splits | tasks | step us (median) | tok/s | distinct experts/layer | GB read | "
-             "GB/s | % of copy bandwidth |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| batch | context | tile_n | splits | tasks | step us (median) | tok/s | distinct experts/layer | "
+             "GB read | GB/s | % of copy bandwidth |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         nbytes = kernel_bytes(config, r["context"], r["batch"], r["distinct_experts"])
         gbs = nbytes / (r["step_us_median"] * 1e-6) / 1e9
-        lines.append(f"| {r['batch']} | {r['context']} | {r['attn_splits']} | {r['tasks']} | "
+        lines.append(f"| {r['batch']} | {r['context']} | {r['tile_n']} | {r['attn_splits']} | {r['tasks']} | "
                      f"{r['step_us_median']:.0f} | {r['batch'] / (r['step_us_median'] * 1e-6):.0f} | "
                      f"{r['distinct_experts']:.1f} | {nbytes / 1e9:.2f} | {gbs:.0f} | "
                      f"{100 * gbs * 1e9 / bandwidth:.0f}% |")
     for r in results:
         rows = [trace.WaveTime(**w) for w in r["waves"]]
-        lines += ["", f"### batch {r['batch']}, context {r['context']}", "", trace.markdown(r["traced_step_us"], rows)]
+        lines += ["", f"### batch {r['batch']}, context {r['context']}, tile_n {r['tile_n']}", "",
+                  trace.markdown(r["traced_step_us"], rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -99,6 +104,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", required=True, help="a config dir (weights are random, made on the GPU)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--tile-n", default="128", help="comma-separated GEMM tile widths to compare")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
@@ -118,9 +124,10 @@ def main(argv=None) -> None:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed))
-        print(f"batch {b}: {results[-1]['step_us_median']:.0f} us per step", flush=True)
-        torch.cuda.empty_cache()
+        for tile in (int(x) for x in args.tile_n.split(",")):
+            results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed, tile))
+            print(f"batch {b}, tile_n {tile}: {results[-1]['step_us_median']:.0f} us per step", flush=True)
+            torch.cuda.empty_cache()
     text = report(results, bandwidth, config)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -75,14 +75,14 @@ def test_profile_report_bandwidth_arithmetic(dims):
     from benchmarks.sol import ModelBytes
 
     config = json.loads((TINY_CONFIG / "config.json").read_text())
-    result = {"batch": 2, "context": 100, "attn_splits": 1, "tasks": 10, "step_us_median": 50.0,
+    result = {"batch": 2, "context": 100, "tile_n": 16, "attn_splits": 1, "tasks": 10, "step_us_median": 50.0,
               "step_us_min": 49.0, "traced_step_us": 51.0, "distinct_experts": 7.0, "waves": []}
     nbytes = kernel_profile.kernel_bytes(config, 100, 2, 7.0)
     mb = ModelBytes.from_config(config)
     assert nbytes == mb.step_bytes([100, 100], 7.0) - config["vocab_size"] * config["hidden_size"] * 2
     text = kernel_profile.report([result], bandwidth=1e12, config=config)
     gbs = nbytes / 50e-6 / 1e9
-    assert f"| 2 | 100 | 1 | 10 | 50 | 40000 | 7.0 | {nbytes / 1e9:.2f} | {gbs:.0f} |" in text
+    assert f"| 2 | 100 | 16 | 1 | 10 | 50 | 40000 | 7.0 | {nbytes / 1e9:.2f} | {gbs:.0f} |" in text
 
 
 def test_random_weights_have_the_checkpoint_layout_and_decode(dims, tiny_checkpoint):
