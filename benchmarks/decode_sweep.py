@@ -5,7 +5,10 @@
 
 Each side runs in its own process (plugins and the switch are per process) with vLLM's defaults otherwise
 (torch.compile and its CUDA graphs on, FA3, Triton MoE, async scheduling); prefix caching is off so every
-request is prefilled. Per case, with random prompt ids, ignore_eos and greedy sampling:
+request is prefilled, unless --cache-prompts: then the warm-up leaves each case's prompts in vLLM's prefix
+cache and the timed runs recompute only their last block, which takes the prefill (B x context tokens,
+minutes at 32K-128K contexts) out of every timed run without changing the decode work both terms
+contain. Per case, with random prompt ids, ignore_eos and greedy sampling:
     per-request decode tok/s = N / (t(N + 1 new tokens) - t(1 new token)),
 repeated (median and spread reported) after one warm-up. The stock side also measures how many distinct
 experts a step at each batch size runs (benchmarks.routing_probe, on the engine's own weights), which the
@@ -47,7 +50,7 @@ def worker(args) -> None:
     max_ctx = max(c["context"] for c in cases)
     max_batch = max(c["batch"] for c in cases)
     llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True,
-              enable_prefix_caching=False, additional_config=SIDE_CONFIG[args.side],
+              enable_prefix_caching=args.cache_prompts, additional_config=SIDE_CONFIG[args.side],
               max_model_len=max_ctx + args.new_tokens + 16, max_num_seqs=max(max_batch, 1),
               gpu_memory_utilization=args.gpu_memory_utilization, seed=0)
     cache = llm.llm_engine.vllm_config.cache_config
@@ -99,7 +102,8 @@ def environment(args) -> dict:
             "repeats": args.repeats, "load_format": args.load_format, "model": str(args.model),
             "graph_mode": "vLLM default (FULL_AND_PIECEWISE, torch.compile)", "attention": "vLLM default (FA3)",
             "moe": "vLLM default (Triton on Hopper)",
-            "routing_simulation": os.environ.get("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "off")}
+            "routing_simulation": os.environ.get("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "off"),
+            "prefix_caching": args.cache_prompts}
 
 
 def main(argv=None) -> None:
@@ -119,6 +123,8 @@ def main(argv=None) -> None:
                          "the write-up's random-weights setting")
     ap.add_argument("--no-probe-routing", dest="probe_routing", action="store_false",
                     help="skip measuring distinct experts per step (SOL then assumes uniform routing)")
+    ap.add_argument("--cache-prompts", action="store_true",
+                    help="keep prompts in vLLM's prefix cache after the warm-up (timed runs skip the prefill)")
     ap.add_argument("--worker", choices=list(SIDE_CONFIG), help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -143,7 +149,8 @@ def main(argv=None) -> None:
         cmd = [sys.executable, "-m", "benchmarks.decode_sweep", "--worker", side, "--cases", json.dumps(cases),
                "--model", args.model, "--load-format", args.load_format, "--new-tokens", str(args.new_tokens),
                "--repeats", str(args.repeats), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-               "--seed", str(args.seed), "--out", str(part)] + ([] if args.probe_routing else ["--no-probe-routing"])
+               "--seed", str(args.seed), "--out", str(part)] + ([] if args.probe_routing else ["--no-probe-routing"]) \
+            + (["--cache-prompts"] if args.cache_prompts else [])
         proc = subprocess.run(cmd, env=env)
         if proc.returncode != 0 or not part.exists():
             reason = f"the {side} engine failed (exit {proc.returncode}); see its output above"

@@ -56,15 +56,19 @@ def _k(n: int) -> str:
 
 def markdown(result: dict) -> str:
     rows = summarize(result)
-    mk = result["sides"].get("megakernel", {})
     lines = []
-    if not mk.get("use_megakernel", False):
+    if "megakernel" not in result["sides"]:
+        lines.append("**Stock vLLM only**: this run had no megakernel side.\n")
+    elif not result["sides"]["megakernel"].get("use_megakernel", False):
+        mk = result["sides"]["megakernel"]
         lines.append(f"**The megakernel side ran stock vLLM** ({mk.get('decision', 'no decision recorded')}): "
                      "its numbers are a second stock measurement, not a speedup.\n")
     env = result.get("env", {})
+    cached = (" Prompts were prefix-cached by the warm-up, so timed runs recompute only each prompt's last "
+              "block." if env.get("prefix_caching") else "")
     lines.append(f"GPU {env.get('gpu', '?')}, vLLM {env.get('vllm', '?')}, torch {env.get('torch', '?')}, "
                  f"{result['new_tokens']} new tokens per request, median of {env.get('repeats', '?')} runs; "
-                 f"HBM bandwidth measured {result['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s.\n")
+                 f"HBM bandwidth measured {result['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s.{cached}\n")
     lines.append("| batch | context | stock tok/s (min-max) | megakernel tok/s (min-max) | ratio | "
                  "distinct experts/layer | SOL tok/s | stock % SOL | megakernel % SOL |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
@@ -120,11 +124,11 @@ def plots(result: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     speedup = [(f"batch {b}", "-", [(r["context"], r["ratio"]) for r in rows if r["batch"] == b and r["ratio"]])
                for b in sorted({r["batch"] for r in rows})]
-    return [
-        _line_plot(out_dir / "toks_vs_batch.png", _by_batch(rows, lambda r, side: r[side]),
-                   "batch size", "decode tok/s (aggregate)", "Decode throughput"),
-        _line_plot(out_dir / "speedup_vs_context.png", speedup, "context (tokens)", "megakernel / stock",
-                   "Speedup vs context", hline=1.0),
-        _line_plot(out_dir / "pct_sol.png", _by_batch(rows, lambda r, side: r[f"{side}_pct_sol"]),
-                   "batch size", "% of memory speed of light", "Fraction of SOL"),
-    ]
+    paths = [_line_plot(out_dir / "toks_vs_batch.png", _by_batch(rows, lambda r, side: r[side]),
+                        "batch size", "decode tok/s (aggregate)", "Decode throughput")]
+    if any(pts for _, _, pts in speedup):  # a stock-only run has no ratios to plot
+        paths.append(_line_plot(out_dir / "speedup_vs_context.png", speedup, "context (tokens)",
+                                "megakernel / stock", "Speedup vs context", hline=1.0))
+    paths.append(_line_plot(out_dir / "pct_sol.png", _by_batch(rows, lambda r, side: r[f"{side}_pct_sol"]),
+                            "batch size", "% of memory speed of light", "Fraction of SOL"))
+    return paths

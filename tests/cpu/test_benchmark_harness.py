@@ -83,6 +83,18 @@ def test_table_says_plainly_when_the_megakernel_side_fell_back(config):
     assert fell_back.startswith("**The megakernel side ran stock vLLM** (vllm_megakernel: decode runs on stock")
 
 
+def test_a_stock_only_baseline_says_so_and_plots_no_speedup(config, tmp_path):
+    result = recorded(config)
+    result["cases"] = [c for c in result["cases"] if c["side"] == "stock"]
+    del result["sides"]["megakernel"]
+    result["env"]["prefix_caching"] = True
+    table = report.markdown(result)
+    assert table.startswith("**Stock vLLM only**") and "ran stock vLLM" not in table
+    assert "prefix-cached by the warm-up" in table
+    assert "| 8 | 8K | 1600 (1568-1616) | - (not run) | - |" in table
+    assert [p.name for p in report.plots(result, tmp_path)] == ["toks_vs_batch.png", "pct_sol.png"]
+
+
 def test_plots_are_png_files(config, tmp_path):
     paths = report.plots(recorded(config), tmp_path)
     assert [p.name for p in paths] == ["toks_vs_batch.png", "speedup_vs_context.png", "pct_sol.png"]
