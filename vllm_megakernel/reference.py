@@ -305,6 +305,19 @@ def route(h: torch.Tensor, router: torch.Tensor, dims: ModelDims
     return weights, experts, scores
 
 
+# Sigmoid-score distance from the k-th best at which two correct bf16 implementations may route differently
+# (about 2 bf16 ulps of a router logit).
+ROUTER_TIE_TOL = 0.01
+
+
+def is_near_tie(scores: torch.Tensor, chosen: torch.Tensor, top_k: int, tol: float = ROUTER_TIE_TOL) -> bool:
+    """Whether another implementation's choice ``chosen`` (expert ids) for one row is a near-tie in this
+    row's own ``scores`` [E]: every chosen expert scores within ``tol`` of the k-th best."""
+    scores = scores.float().cpu()
+    kth = scores.sort(descending=True).values[top_k - 1]
+    return bool(scores[chosen.long().cpu()].min() >= kth - tol)
+
+
 def moe(h: torch.Tensor, lw: LayerWeights, dims: ModelDims, forced: torch.Tensor | None = None,
         record: list | None = None) -> torch.Tensor:
     """The routed experts. ``forced`` [B, K] replaces the top-k choice (weights are still this layer's

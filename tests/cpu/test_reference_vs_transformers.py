@@ -117,3 +117,10 @@ def test_weights_report_their_ffn_widths_and_move_whole(weights):
     moved = weights.to("meta")
     assert moved.embed.device.type == "meta" and moved.layers[0].router is None
     assert all(t.device.type == "meta" for t in (moved.layers[1].w13, moved.layers[1].w2, moved.final_norm))
+
+
+def test_near_tie_rule_accepts_only_choices_within_tolerance_of_the_kth_score():
+    scores = torch.tensor([0.90, 0.80, 0.700, 0.695, 0.60])  # k = 3: the k-th best is 0.700
+    assert ref.is_near_tie(scores, torch.tensor([0, 1, 3]), 3)  # 0.695 is 0.005 below it
+    assert not ref.is_near_tie(scores, torch.tensor([0, 1, 4]), 3)  # 0.60 is 0.1 below it
+    assert ref.is_near_tie(scores, torch.tensor([0, 1, 4]), 3, tol=0.2)

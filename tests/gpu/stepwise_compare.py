@@ -5,8 +5,7 @@ the two final hidden states and between the two sides' logits, and where their e
 Router logits are bf16, so two experts can be equally good to within rounding and two correct paths may
 route a row differently; once they do, that row's later layers see different inputs. So for every live row
 the script records the first MoE layer whose expert set differs (or -1) and whether that difference is a
-near-tie in stock's own sigmoid scores (every expert the megakernel chose scores within ROUTER_TIE_TOL of
-stock's k-th best). Prints one JSON line: {"rows": [[hidden_cos, logit_cos, first_flip_layer, near_tie],
+near-tie in stock's own sigmoid scores (reference.is_near_tie). Prints one JSON line: {"rows": [[hidden_cos, logit_cos, first_flip_layer, near_tie],
 ...] per step, "steps": N, "batches": [...]}.
 
     python tests/gpu/stepwise_compare.py MODEL_DIR [--prompt-lens 16,100,...] [--max-num-seqs N]
@@ -25,22 +24,20 @@ import types
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
 
-ROUTER_TIE_TOL = 0.01  # as in test_megakernel_step: ~2 bf16 ulps of a router logit, in sigmoid-score units
-
 
 def first_flip(chosen, stock_logits, moe_layers, row, top_k):
     """(layer, near_tie) of the first MoE layer where the megakernel's experts for ``row`` differ from
     stock's top-k, or (-1, True)."""
     import torch
 
+    from vllm_megakernel.reference import is_near_tie
+
     for layer in moe_layers:
         scores = torch.sigmoid(stock_logits[layer][row].float())
-        own = set(scores.topk(top_k).indices.tolist())
         mine = chosen[layer, row]
-        if own == set(mine.tolist()):
+        if set(scores.topk(top_k).indices.tolist()) == set(mine.tolist()):
             continue
-        kth = scores.sort(descending=True).values[top_k - 1]
-        return layer, bool(scores[mine.long()].min() >= kth - ROUTER_TIE_TOL)
+        return layer, is_near_tie(scores, mine, top_k)
     return -1, True
 
 
