@@ -27,6 +27,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
                   tile_n: int = 128) -> dict:
     import torch
 
+    from benchmarks.sol import cuda_times
     from vllm_megakernel.megakernel import runtime, trace
     from vllm_megakernel.megakernel.schedule import StepShape, attn_splits_for, build_schedule
     from vllm_megakernel.paged_kv import PagedKVSim
@@ -43,25 +44,14 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
                            *weights.intermediates())
 
     plain = runtime.build_step(sched, weights, inp)
-    for _ in range(3):
-        runtime.launch(plain)
-    runtime.check(plain)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        runtime.launch(plain)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)  # us
+    times = [t * 1e6 for t in cuda_times(lambda: runtime.launch(plain), iters, warmup=3)]  # us
     runtime.check(plain)
 
     traced = runtime.build_step(sched, weights, inp, route_log=True, trace=True)
     runtime.launch(traced)
     runtime.check(traced)
     step_us, rows = trace.summarize(sched, traced.trace)
-    chosen = traced.workspace["route_log"].view(-1)[: dims.num_layers * batch * dims.top_k]
-    chosen = chosen.view(dims.num_layers, batch, dims.top_k)
+    chosen = runtime.routing_log(traced.workspace, dims, batch)
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
     return {"batch": batch, "context": context, "tile_n": tile_n, "attn_splits": splits, "tasks": len(sched.tasks),

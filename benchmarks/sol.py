@@ -77,6 +77,24 @@ def sol_tokens_per_s(mb: ModelBytes, batch: int, context: int, bandwidth_bytes_p
     return batch / seconds
 
 
+def cuda_times(fn, iters: int, warmup: int = 2) -> list[float]:
+    """Seconds each of ``iters`` calls of ``fn`` takes on the current CUDA stream (events around each call),
+    after ``warmup`` untimed calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
+
+
 def measure_bandwidth(nbytes: int = 8 << 30, iters: int = 10) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (median)."""
     import torch
@@ -84,17 +102,7 @@ def measure_bandwidth(nbytes: int = 8 << 30, iters: int = 10) -> float:
     n = nbytes // 2  # each of src and dst holds half, so a copy moves nbytes in all
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
-    for _ in range(2):
-        dst.copy_(src)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    times.sort()
+    times = sorted(cuda_times(lambda: dst.copy_(src), iters))
     return 2 * n / times[len(times) // 2]
 
 
@@ -103,4 +111,5 @@ def context_fits(batch: int, context: int, new_tokens: int, kv_capacity_tokens: 
     return batch * (context + new_tokens + 1) <= kv_capacity_tokens
 
 
-__all__ = ["ModelBytes", "context_fits", "expected_distinct_experts", "measure_bandwidth", "sol_tokens_per_s"]
+__all__ = ["ModelBytes", "context_fits", "cuda_times", "expected_distinct_experts", "measure_bandwidth",
+           "sol_tokens_per_s"]

@@ -82,6 +82,13 @@ def allocate_workspace(dims, max_batch: int, attn_splits: int, moe_intermediate:
     return ws
 
 
+def routing_log(workspace: dict[str, torch.Tensor], dims, batch: int) -> torch.Tensor:
+    """int32 [num_layers, batch, top_k]: the experts the last launch of a ``batch``-row step chose per MoE layer
+    and row (-1 on dense layers), viewed from a workspace allocated with ``route_log`` for this batch or more."""
+    n = dims.num_layers * batch * dims.top_k
+    return workspace["route_log"].view(-1)[:n].view(dims.num_layers, batch, dims.top_k)
+
+
 def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
                route_log: bool = False, workspace: dict[str, torch.Tensor] | None = None,
                trace: bool = False) -> DeviceStep:

@@ -109,8 +109,7 @@ class MegakernelDecoder:
     def recorded_routing(self, batch: int) -> torch.Tensor:
         """int32 [num_layers, batch, top_k]: the experts the last launch (of this batch) chose per layer and
         row; -1 on layers without experts."""
-        n = self.dims.num_layers * batch * self.dims.top_k
-        return self.workspace["route_log"].view(-1)[:n].view(self.dims.num_layers, batch, self.dims.top_k)
+        return runtime.routing_log(self.workspace, self.dims, batch)
 
     # -- which batches
     def eligible(self, input_ids: torch.Tensor | None, inputs_embeds, intermediate_tensors) -> bool:
