@@ -55,14 +55,12 @@ def shallow_checkpoint(tmp_path_factory) -> Path:
     realistic random bf16 weights (seed 1). With MEGAKERNEL_TEST_CHECKPOINT set, that folder is reused
     when it holds a finished checkpoint and written otherwise, so several pytest processes on one GPU host
     share one 6 GB checkpoint."""
-    from vllm_megakernel.tools.make_checkpoint import write_checkpoint
+    from vllm_megakernel.tools.make_checkpoint import is_complete, write_checkpoint
 
     shared = os.environ.get("MEGAKERNEL_TEST_CHECKPOINT")
     out = Path(shared) if shared else tmp_path_factory.mktemp("nmc-5l")
-    done = out / ".complete"
-    if not done.exists():
+    if not is_complete(out):
         write_checkpoint(FULL_CONFIG, out, seed=1, num_layers=5)
-        done.write_text("seed=1 num_layers=5\n")
     return out
 
 

@@ -50,3 +50,12 @@ def test_cli_with_layer_override_writes_a_consistent_config(tmp_path, capsys):
     assert not any(k.startswith("model.layers.2.") for k in sd)
     assert (tmp_path / "tokenizer.json").exists()
     assert "wrote" in capsys.readouterr().out
+
+
+def test_a_finished_write_is_marked_complete(tmp_path):
+    from vllm_megakernel.tools.make_checkpoint import COMPLETE_MARKER, is_complete
+
+    assert not is_complete(tmp_path)
+    write_checkpoint(TINY_CONFIG, tmp_path, seed=0, num_layers=2)
+    assert is_complete(tmp_path)
+    assert json.loads((tmp_path / COMPLETE_MARKER).read_text())["num_layers"] == 2

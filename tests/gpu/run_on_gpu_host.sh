@@ -32,13 +32,11 @@ if ! python3 -c "import vllm_megakernel._C" 2>/dev/null; then
   stamp "extension built"
 fi
 python3 -c "from vllm_megakernel import _C; print(_C.build_info(), _C.query_device(0))"
-if [[ ! -f $MEGAKERNEL_TEST_CHECKPOINT/.complete ]]; then  # written once, before stages run in parallel
-  python3 -c "
-import sys
-from pathlib import Path
-from vllm_megakernel.tools.make_checkpoint import write_checkpoint
-p = Path(sys.argv[1]); write_checkpoint(Path('configs/north-mini-code'), p, seed=1, num_layers=5)
-(p / '.complete').write_text('seed=1 num_layers=5\n')" "$MEGAKERNEL_TEST_CHECKPOINT"
+# the conftest fixture's checkpoint, written once before stages run in parallel (make_checkpoint writes
+# .complete last)
+if [[ ! -f $MEGAKERNEL_TEST_CHECKPOINT/.complete ]]; then
+  python3 -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code "$MEGAKERNEL_TEST_CHECKPOINT" \
+    --seed 1 --num-layers 5 || exit 1
   stamp "checkpoint written"
 fi
 

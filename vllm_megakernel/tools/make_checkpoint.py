@@ -28,6 +28,11 @@ from pathlib import Path
 import torch
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+COMPLETE_MARKER = ".complete"  # written last: a folder without it is an interrupted write
+
+
+def is_complete(out_dir: Path) -> bool:
+    return (Path(out_dir) / COMPLETE_MARKER).exists()
 
 
 def layer_is_dense(config: dict, layer: int) -> bool:
@@ -138,6 +143,8 @@ def write_checkpoint(config_dir: Path, out_dir: Path, seed: int, std: float = 0.
     for f in TOKENIZER_FILES:
         if (config_dir / f).exists():
             shutil.copyfile(config_dir / f, out_dir / f)
+    (out_dir / COMPLETE_MARKER).write_text(json.dumps({"seed": seed, "std": std, "num_layers": num_layers,
+                                                       "dtype": dtype}) + "\n")
     return index
 
 
