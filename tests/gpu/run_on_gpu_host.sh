@@ -3,8 +3,10 @@
 # extension in place (once per host) and run the GPU tests, whole or in stages that each fit a 10-minute
 # device call. Logs go to $OUT when it is set (the device tool's output folder), else to ./out.
 #
-#   bash tests/gpu/run_on_gpu_host.sh [all|kernel|vllm|graphs|serve] [extra pytest args]
+#   bash tests/gpu/run_on_gpu_host.sh [all|prepare|kernel|vllm|graphs|serve] [extra pytest args]
 #
+#   prepare only the build and the checkpoint: run it once before starting stages in parallel (on separate
+#           GPUs through CUDA_VISIBLE_DEVICES), so they neither build nor write the checkpoint twice at once
 #   kernel  extension, whole-step and per-opcode kernel tests; compute-sanitizer memcheck and racecheck
 #           run alongside (separate processes, no vLLM engine, so they cannot upset vLLM's memory profiling)
 #   vllm    switch-off equivalence and the step-by-step comparison with stock vLLM (eager)
@@ -42,6 +44,7 @@ fi
 
 rc=0
 case $stage in
+  prepare) ;;
   kernel)
     pt memcheck tests/gpu/test_sanitizer.py -k memcheck "$@" & m=$!
     pt racecheck tests/gpu/test_sanitizer.py -k racecheck "$@" & r=$!
@@ -55,6 +58,7 @@ case $stage in
   all) pt all tests/gpu "$@" || rc=1 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
+[[ $stage == prepare ]] && exit 0
 grep -h -E "^(PASSED|FAILED|ERROR|SKIPPED)|cosine|divergence|routed differently|RACECHECK SUMMARY|ERROR SUMMARY" \
   "$out"/*.log | tail -80
 exit $rc
