@@ -94,6 +94,26 @@ def worker(args) -> None:
     Path(args.out).write_text(json.dumps(results))
 
 
+UNIFORM_ROUTING = "uniform_random"  # vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY value
+
+
+def worker_command(args, side: str, cases: list[dict], part: Path) -> tuple[list[str], dict]:
+    """The command line and environment of one side's worker process. Uniform routing is vLLM's routing
+    simulator, so it can only apply to the stock side; there the weights' own routing is not what runs, so
+    the routing probe is skipped and the speed of light uses the uniform formula."""
+    env = dict(os.environ)
+    probe = args.probe_routing
+    if args.uniform_routing and side == "stock":
+        env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = UNIFORM_ROUTING
+        probe = False
+    cmd = [sys.executable, "-m", "benchmarks.decode_sweep", "--worker", side, "--cases", json.dumps(cases),
+           "--model", args.model, "--load-format", args.load_format, "--new-tokens", str(args.new_tokens),
+           "--repeats", str(args.repeats), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+           "--seed", str(args.seed), "--out", str(part)] + ([] if probe else ["--no-probe-routing"]) \
+        + (["--cache-prompts"] if args.cache_prompts else [])
+    return cmd, env
+
+
 def environment(args) -> dict:
     import torch
     import vllm
@@ -102,7 +122,7 @@ def environment(args) -> dict:
             "repeats": args.repeats, "load_format": args.load_format, "model": str(args.model),
             "graph_mode": "vLLM default (FULL_AND_PIECEWISE, torch.compile)", "attention": "vLLM default (FA3)",
             "moe": "vLLM default (Triton on Hopper)",
-            "routing_simulation": os.environ.get("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "off"),
+            "routing_simulation": UNIFORM_ROUTING + " (stock side only)" if args.uniform_routing else "off",
             "prefix_caching": args.cache_prompts}
 
 
@@ -143,14 +163,7 @@ def main(argv=None) -> None:
     all_cases, sides = [], {}
     for side in args.sides.split(","):
         part = args.out / f"{side}.json"
-        env = dict(os.environ)
-        if args.uniform_routing and side == "stock":
-            env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = "uniform_random"
-        cmd = [sys.executable, "-m", "benchmarks.decode_sweep", "--worker", side, "--cases", json.dumps(cases),
-               "--model", args.model, "--load-format", args.load_format, "--new-tokens", str(args.new_tokens),
-               "--repeats", str(args.repeats), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-               "--seed", str(args.seed), "--out", str(part)] + ([] if args.probe_routing else ["--no-probe-routing"]) \
-            + (["--cache-prompts"] if args.cache_prompts else [])
+        cmd, env = worker_command(args, side, cases, part)
         proc = subprocess.run(cmd, env=env)
         if proc.returncode != 0 or not part.exists():
             reason = f"the {side} engine failed (exit {proc.returncode}); see its output above"

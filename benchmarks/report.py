@@ -64,6 +64,10 @@ def markdown(result: dict) -> str:
         lines.append(f"**The megakernel side ran stock vLLM** ({mk.get('decision', 'no decision recorded')}): "
                      "its numbers are a second stock measurement, not a speedup.\n")
     env = result.get("env", {})
+    if env.get("routing_simulation", "off") != "off":
+        lines.append(f"**Routing simulated** ({env['routing_simulation']}): the stock side's MoE layers route by "
+                     "vLLM's routing simulator, not by the weights' router; the megakernel always routes by the "
+                     "weights, so compare the two sides only where the routing matches.\n")
     cached = (" Prompts were prefix-cached by the warm-up, so timed runs recompute only each prompt's last "
               "block." if env.get("prefix_caching") else "")
     lines.append(f"GPU {env.get('gpu', '?')}, vLLM {env.get('vllm', '?')}, torch {env.get('torch', '?')}, "

@@ -1,5 +1,6 @@
 """Harness arithmetic and rendering, from the config and a recorded result (no GPU)."""
 
+import argparse
 import json
 import random
 import struct
@@ -93,6 +94,28 @@ def test_a_stock_only_baseline_says_so_and_plots_no_speedup(config, tmp_path):
     assert "prefix-cached by the warm-up" in table
     assert "| 8 | 8K | 1600 (1568-1616) | - (not run) | - |" in table
     assert [p.name for p in report.plots(result, tmp_path)] == ["toks_vs_batch.png", "pct_sol.png"]
+
+
+def test_uniform_routing_simulates_only_the_stock_side_and_its_sol_uses_the_uniform_formula(config, tmp_path):
+    from benchmarks import decode_sweep
+
+    args = argparse.Namespace(uniform_routing=True, probe_routing=True, model="m", load_format="dummy",
+                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, cache_prompts=False)
+    stock_cmd, stock_env = decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")
+    mk_cmd, mk_env = decode_sweep.worker_command(args, "megakernel", [], tmp_path / "m.json")
+    assert stock_env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] == "uniform_random"
+    assert "--no-probe-routing" in stock_cmd  # the weights' routing is not what the stock side runs
+    assert "VLLM_MOE_ROUTING_SIMULATION_STRATEGY" not in mk_env and "--no-probe-routing" not in mk_cmd
+    args.uniform_routing = False
+    assert "--no-probe-routing" not in decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")[0]
+
+    result = recorded(config)
+    result["env"]["routing_simulation"] = "uniform_random (stock side only)"
+    table = report.markdown(result)
+    assert table.startswith("**Routing simulated** (uniform_random (stock side only))")
+    uniform8 = expected_distinct_experts(config["num_experts"], config["num_experts_per_tok"], 8)
+    assert f"| 8 | 8K | 1600 (1568-1616) | 2400 (2352-2424) | 1.50x | {uniform8:.1f} (uniform) |" in table
+    assert "Routing simulated" not in report.markdown(recorded(config))
 
 
 def test_plots_are_png_files(config, tmp_path):
