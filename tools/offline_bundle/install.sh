@@ -19,8 +19,10 @@ if [[ ! -d /tmp/site/vllm ]]; then
   rm -f /tmp/site.tar.xz
 fi
 source "$here/env.sh"
-if ! python3 -c "import vllm_megakernel._C" 2>/dev/null; then
+# The checks run from / so that a vllm_megakernel source folder in the caller's directory (a checkout)
+# cannot stand in for the installed package.
+if ! (cd / && python3 -c "import vllm_megakernel._C") 2>/dev/null; then
   python3 -m pip install -q --no-build-isolation --no-deps --no-index /tmp/site/_vllm_megakernel_src
 fi
-python3 -c "import vllm, lm_eval, torch, vllm_megakernel._C as c; print('vllm', vllm.__version__, 'lm_eval', \
-lm_eval.__version__, 'torch', torch.__version__, 'extension', c.build_info(), 'gpu', torch.cuda.get_device_name())"
+(cd / && python3 -c "import vllm, lm_eval, torch, vllm_megakernel._C as c; print('vllm', vllm.__version__, 'lm_eval', \
+lm_eval.__version__, 'torch', torch.__version__, 'extension', c.build_info(), 'gpu', torch.cuda.get_device_name())")
