@@ -6,6 +6,13 @@
    mean / min cosine of the steps' top-20 logprobs before it.
 
     python -m benchmarks.accuracy --model /models/nmc-5l --out benchmarks/results/NAME-accuracy
+
+Each side leaves lm_eval-SIDE/ and greedy-SIDE.json in --out; accuracy.json compares whatever sides --out
+holds. So on a host with two GPUs the sides can run at once, one per GPU, into the same --out:
+
+    CUDA_VISIBLE_DEVICES=0 python -m benchmarks.accuracy --model M --out O --sides stock &
+    CUDA_VISIBLE_DEVICES=1 python -m benchmarks.accuracy --model M --out O --sides megakernel; wait
+    python -m benchmarks.accuracy --model M --out O --sides ""        # only (re)writes accuracy.json
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from pathlib import Path
 
 from benchmarks import SIDE_CONFIG
 from benchmarks.agreement import summarize
+from benchmarks.gpu_memory import wait_until_released
 
 TASKS = Path(__file__).parent / "tasks"
 
@@ -27,7 +35,10 @@ def materialize_tasks(dest: Path) -> Path:
     """Copies the task YAMLs with __TASK_DIR__ resolved to the data's absolute folder."""
     dest.mkdir(parents=True, exist_ok=True)
     for y in TASKS.glob("*.yaml"):
-        (dest / y.name).write_text(y.read_text().replace("__TASK_DIR__", str(TASKS.resolve())))
+        # written aside and renamed: sides running at once into one --out never read a half-written file
+        tmp = dest / f".{y.name}.{os.getpid()}"
+        tmp.write_text(y.read_text().replace("__TASK_DIR__", str(TASKS.resolve())))
+        os.replace(tmp, dest / y.name)
     return dest
 
 
@@ -50,28 +61,52 @@ def read_lm_eval_results(out: Path) -> dict:
             for task, metrics in res.items()}
 
 
+def run_side(side: str, args, tasks_dir: Path, env: dict) -> None:
+    model_args = {"pretrained": args.model, "dtype": "bfloat16", "max_model_len": 4096,
+                  "gpu_memory_utilization": args.gpu_memory_utilization, "additional_config": SIDE_CONFIG[side]}
+    wait_until_released()  # the previous engine of this run may still be letting go of its memory
+    subprocess.run(lm_eval_cmd(model_args, "vllm", tasks_dir, args.out / f"lm_eval-{side}"), check=True, env=env)
+    wait_until_released()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.greedy", args.model, json.dumps(SIDE_CONFIG[side]),
+                           "--max-tokens", str(args.max_tokens), "--logprobs", "20"],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-6000:])
+        raise RuntimeError(f"the {side} side's greedy generation failed (exit {proc.returncode}); its output is above")
+    (args.out / f"greedy-{side}.json").write_text(proc.stdout.strip().splitlines()[-1])
+
+
+def summary_of(out: Path) -> dict:
+    """lm-eval scores of every side found in out, and the greedy agreement once both sides are there."""
+    summary: dict = {"lm_eval": {}, "greedy": None}
+    for side in SIDE_CONFIG:
+        if (out / f"lm_eval-{side}").is_dir():
+            summary["lm_eval"][side] = read_lm_eval_results(out / f"lm_eval-{side}")
+    greedy = {side: json.loads((out / f"greedy-{side}.json").read_text())
+              for side in SIDE_CONFIG if (out / f"greedy-{side}.json").exists()}
+    if len(greedy) == 2:
+        summary["greedy"] = summarize(greedy["stock"], greedy["megakernel"])
+        summary["model_class"] = {side: g.get("model_class") for side, g in greedy.items()}
+    return summary
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-accuracy"))
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    ap.add_argument("--sides", default="stock,megakernel", help="comma-separated; empty: only summarize --out")
     args = ap.parse_args(argv)
+    sides = [s for s in args.sides.split(",") if s]
+    if unknown := set(sides) - set(SIDE_CONFIG):
+        ap.error(f"unknown sides {sorted(unknown)}; choose from {list(SIDE_CONFIG)}")
     args.out.mkdir(parents=True, exist_ok=True)
     tasks_dir = materialize_tasks(args.out / "tasks")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    summary: dict = {"lm_eval": {}, "greedy": {}}
-    greedy = {}
-    for side, extra in SIDE_CONFIG.items():
-        model_args = {"pretrained": args.model, "dtype": "bfloat16", "max_model_len": 4096,
-                      "gpu_memory_utilization": args.gpu_memory_utilization, "additional_config": extra}
-        subprocess.run(lm_eval_cmd(model_args, "vllm", tasks_dir, args.out / f"lm_eval-{side}"), check=True, env=env)
-        summary["lm_eval"][side] = read_lm_eval_results(args.out / f"lm_eval-{side}")
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.greedy", args.model, json.dumps(extra),
-                               "--max-tokens", str(args.max_tokens), "--logprobs", "20"],
-                              capture_output=True, text=True, check=True, env=env)
-        greedy[side] = json.loads(proc.stdout.strip().splitlines()[-1])
-    summary["greedy"] = summarize(greedy["stock"], greedy["megakernel"])
+    for side in sides:
+        run_side(side, args, tasks_dir, env)
+    summary = summary_of(args.out)
     (args.out / "accuracy.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
 

@@ -88,10 +88,10 @@ def worker(args) -> None:
                 rates.append(args.new_tokens / (tn - t1))
             out.update(status="ok", per_request_tok_s=rates)
         results.append(out)
+        Path(args.out).write_text(json.dumps(results))  # after every case: a run cut short keeps what it measured
         med = statistics.median(out["per_request_tok_s"]) * b if out["status"] == "ok" else None
         print(f"[{args.side}] batch {b} context {ctx}: "
               + (f"{med:.0f} tok/s aggregate" if med else out["reason"]), flush=True)
-    Path(args.out).write_text(json.dumps(results))
 
 
 UNIFORM_ROUTING = "uniform_random"  # vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY value
@@ -112,6 +112,20 @@ def worker_command(args, side: str, cases: list[dict], part: Path) -> tuple[list
            "--seed", str(args.seed), "--out", str(part)] + ([] if probe else ["--no-probe-routing"]) \
         + (["--cache-prompts"] if args.cache_prompts else [])
     return cmd, env
+
+
+def collect_side(side: str, cases: list[dict], part: Path, returncode: int) -> tuple[list[dict], dict]:
+    """One side's case results and its decision. The worker rewrites its JSON after every case, so a worker
+    that died or was stopped part-way still gives the cases it finished; the rest are marked failed."""
+    got = json.loads(part.read_text()) if part.exists() else []
+    done = {(c["batch"], c["context"]) for c in got}
+    reason = f"the {side} engine stopped (exit {returncode}) before this case; see its output above"
+    got += [{"side": side, **c, "status": "failed", "reason": reason} for c in cases
+            if (c["batch"], c["context"]) not in done]
+    if done:
+        first = next(c for c in got if "decision" in c)
+        return got, {"use_megakernel": first["use_megakernel"], "decision": first["decision"]}
+    return got, {"use_megakernel": False, "decision": reason}
 
 
 def environment(args) -> dict:
@@ -164,15 +178,10 @@ def main(argv=None) -> None:
     for side in args.sides.split(","):
         part = args.out / f"{side}.json"
         cmd, env = worker_command(args, side, cases, part)
+        part.unlink(missing_ok=True)  # never mistake an earlier run's cases for this one's
         proc = subprocess.run(cmd, env=env)
-        if proc.returncode != 0 or not part.exists():
-            reason = f"the {side} engine failed (exit {proc.returncode}); see its output above"
-            all_cases += [{"side": side, **c, "status": "failed", "reason": reason} for c in cases]
-            sides[side] = {"use_megakernel": False, "decision": reason}
-            continue
-        got = json.loads(part.read_text())
+        got, sides[side] = collect_side(side, cases, part, proc.returncode)
         all_cases += got
-        sides[side] = {"use_megakernel": got[0]["use_megakernel"], "decision": got[0]["decision"]}
     config = json.loads((Path(args.model) / "config.json").read_text())
     result = {"env": environment(args), "bandwidth_bytes_per_s": bandwidth, "new_tokens": args.new_tokens,
               "config": config, "sides": sides, "cases": all_cases,

@@ -12,6 +12,7 @@ Run once per side in a fresh process: which plugins load is decided per process 
 
 import argparse
 import json
+import os
 import random
 
 COMPILATION = {
@@ -36,6 +37,8 @@ def main():
     ap.add_argument("--compilation", choices=list(COMPILATION), default="full-decode-only")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     args = ap.parse_args()
+    # apply_model ships a function to the engine process, which vLLM only pickles when allowed to
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

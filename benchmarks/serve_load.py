@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks import SIDE_CONFIG
+from benchmarks.gpu_memory import used_and_total_mib, wait_until_released
 
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 DECISION_LINE = re.compile(r"(vllm_megakernel: decode runs on .*)")
@@ -98,24 +99,23 @@ def served(cmd: list[str], port: int, log_path: Path, startup_timeout: float):
 
 
 class GpuMemorySampler(threading.Thread):
-    """Peak `nvidia-smi` memory.used (MiB) while it runs."""
+    """Peak memory.used (MiB) of the GPU the server runs on, while it runs."""
 
     def __init__(self, period_s: float = 0.5):
         super().__init__(daemon=True)
-        self.period_s, self.peak_mib, self._stop = period_s, 0, threading.Event()
+        # not `_stop`: threading.Thread has a method of that name, which join() calls
+        self.period_s, self.peak_mib, self._halt = period_s, 0, threading.Event()
 
     def run(self):
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=10).stdout
-                self.peak_mib = max(self.peak_mib, max(int(x) for x in out.split()))
-            except (OSError, ValueError, subprocess.TimeoutExpired):
+                self.peak_mib = max(self.peak_mib, used_and_total_mib()[0])
+            except (OSError, ValueError, subprocess.SubprocessError):
                 pass
-            self._stop.wait(self.period_s)
+            self._halt.wait(self.period_s)
 
     def stop(self):
-        self._stop.set()
+        self._halt.set()
         self.join()
 
 
@@ -125,6 +125,7 @@ def run_side(side: str, args, out_dir: Path) -> dict:
            "--host", "127.0.0.1", "--port", str(args.port), "--load-format", args.load_format,
            "--additional-config", json.dumps(SIDE_CONFIG[side]), "--max-num-seqs", str(max(args.concurrency)),
            "--no-enable-prefix-caching"]
+    wait_until_released()  # the previous side's server may still be letting go of its memory
     sampler = GpuMemorySampler()
     sampler.start()
     rows = []

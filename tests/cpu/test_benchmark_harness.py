@@ -118,6 +118,37 @@ def test_uniform_routing_simulates_only_the_stock_side_and_its_sol_uses_the_unif
     assert "Routing simulated" not in report.markdown(recorded(config))
 
 
+def test_a_sweep_cut_short_keeps_the_cases_it_finished(config, tmp_path):
+    from benchmarks import decode_sweep
+
+    cases = [{"batch": b, "context": 8192} for b in (1, 8, 64)]
+    finished = [{"side": "stock", "batch": 1, "context": 8192, "status": "ok", "per_request_tok_s": [200.0] * 3,
+                 "use_megakernel": False, "decision": "off"}]
+    part = tmp_path / "stock.json"
+    part.write_text(json.dumps(finished))
+    got, side = decode_sweep.collect_side("stock", cases, part, returncode=124)
+    assert [(c["batch"], c["status"]) for c in got] == [(1, "ok"), (8, "failed"), (64, "failed")]
+    assert "exit 124" in got[1]["reason"] and side == {"use_megakernel": False, "decision": "off"}
+    got, side = decode_sweep.collect_side("megakernel", cases, tmp_path / "absent.json", returncode=1)
+    assert all(c["status"] == "failed" for c in got) and "exit 1" in side["decision"]
+
+    result = recorded(config)
+    result["cases"] = [c for c in result["cases"] if c["side"] == "stock"] + got
+    rows = report.summarize(result)
+    cut = [r for r in rows if r["context"] == 8192 and r["batch"] in (1, 8, 64)]
+    assert cut and all(r["megakernel"] is None and "exit 1" in r["megakernel_note"] for r in cut)
+
+
+def test_every_script_that_calls_apply_model_lets_vllm_pickle_the_function():
+    """LLM.apply_model ships a Python function to vLLM's engine process, which vLLM refuses unless
+    VLLM_ALLOW_INSECURE_SERIALIZATION is set: a harness script that calls it must set it itself."""
+    scripts = list((REPO / "benchmarks").glob("*.py")) + list((REPO / "tests" / "gpu").glob("*.py"))
+    callers = [p for p in scripts if ".apply_model(" in p.read_text()]
+    assert {p.name for p in callers} >= {"greedy.py", "decode_sweep.py", "stepwise_compare.py"}
+    for p in callers:
+        assert "VLLM_ALLOW_INSECURE_SERIALIZATION" in p.read_text(), p.name
+
+
 def test_plots_are_png_files(config, tmp_path):
     paths = report.plots(recorded(config), tmp_path)
     assert [p.name for p in paths] == ["toks_vs_batch.png", "speedup_vs_context.png", "pct_sol.png"]
@@ -142,6 +173,32 @@ def test_serving_log_and_bench_result_parsing():
     table = serve_load.markdown({"sides": {"stock": {"rows": [row], "peak_gpu_gib": 120.4,
                                                      "kv_cache_tokens": 1234567, "decision": "off"}}})
     assert "| stock | 8 | 1500 | 5.10 | 40.0 | 120.4 | 1234567 |" in table
+
+
+def test_gpu_memory_sampler_stops_cleanly_and_reads_the_visible_gpu(monkeypatch):
+    from benchmarks import gpu_memory, serve_load
+
+    sampler = serve_load.GpuMemorySampler(period_s=0.01)
+    sampler.start()
+    sampler.stop()  # on a machine without nvidia-smi the reads fail quietly; stopping must still work
+    assert not sampler.is_alive()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc,GPU-def")
+    assert gpu_memory.visible_gpu() == "GPU-abc"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpu_memory.visible_gpu() == "0"
+
+
+def test_accuracy_sides_run_apart_are_compared_from_one_out_folder(tmp_path):
+    from benchmarks import accuracy
+
+    assert accuracy.summary_of(tmp_path) == {"lm_eval": {}, "greedy": None}
+    stock = {"model_class": "vllm:Cohere2MoeForCausalLM", "tokens": [[1, 2, 3]], "logprobs": [[{"1": -0.1}] * 3]}
+    (tmp_path / "greedy-stock.json").write_text(json.dumps(stock))
+    assert accuracy.summary_of(tmp_path)["greedy"] is None  # one side alone is not a comparison
+    (tmp_path / "greedy-megakernel.json").write_text(json.dumps({**stock, "tokens": [[1, 2, 4]]}))
+    summary = accuracy.summary_of(tmp_path)
+    assert summary["greedy"]["first_divergence"] == [2]
+    assert set(summary["model_class"]) == {"stock", "megakernel"}
 
 
 def test_agreement_metrics():
