@@ -55,9 +55,10 @@ def markdown(summary: dict) -> str:
     lines = ["| side | concurrency | output tok/s | median TPOT ms | median TTFT ms | peak GPU GiB | KV cache tokens |",
              "|---|---|---|---|---|---|---|"]
     for side, s in summary["sides"].items():
+        peak = "-" if s.get("peak_gpu_gib") is None else f"{s['peak_gpu_gib']:.1f}"
         for row in s.get("rows", []):
             lines.append(f"| {side} | {row['concurrency']} | {row['output_tok_s']:.0f} | {row['median_tpot_ms']:.2f} | "
-                         f"{row['median_ttft_ms']:.1f} | {s['peak_gpu_gib']:.1f} | {s['kv_cache_tokens']} |")
+                         f"{row['median_ttft_ms']:.1f} | {peak} | {s['kv_cache_tokens']} |")
     notes = [f"- {side}: {s.get('decision') or s.get('error')}" for side, s in summary["sides"].items()]
     return "\n".join(lines + [""] + notes) + "\n"
 
