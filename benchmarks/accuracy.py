@@ -1,7 +1,9 @@
 """Accuracy, megakernel on vs off, on the same weights (use a realistic random checkpoint, not dummy):
 
 1. lm-eval 0.4.13 through its vLLM backend on the local tasks in benchmarks/tasks (no downloads), once per
-   side, the switch passed in model_args' additional_config;
+   side, the switch passed in model_args' additional_config. Scores on random weights say little, and
+   nmc_mc's loglikelihoods come from prefill (stock code on both sides), so the generation task's answers
+   are also compared item by item: on how many items the two sides generated the very same text;
 2. greedy generation of --max-tokens tokens per prompt on both sides: first-divergence position, and the
    mean / min cosine of the steps' top-20 logprobs before it.
 
@@ -49,7 +51,7 @@ def lm_eval_cmd(model_args: dict | str, model: str, tasks_dir: Path, out: Path, 
         cmd += ["--model_args", model_args if isinstance(model_args, str) else json.dumps(model_args)]
     if limit:
         cmd += ["--limit", str(limit)]
-    return cmd
+    return cmd + ["--log_samples"]  # each item's generated text, for generation_agreement
 
 
 def read_lm_eval_results(out: Path) -> dict:
@@ -59,6 +61,22 @@ def read_lm_eval_results(out: Path) -> dict:
     res = json.loads(files[-1].read_text())["results"]
     return {task: {k.split(",")[0]: v for k, v in metrics.items() if k.split(",")[0] in ("acc", "exact_match")}
             for task, metrics in res.items()}
+
+
+def generations(out: Path, task: str = "nmc_gen") -> dict[int, str]:
+    """doc_id -> the text lm-eval's --log_samples recorded as generated for that item (newest run)."""
+    files = sorted(out.rglob(f"samples_{task}_*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"no lm-eval samples of {task} under {out}")
+    rows = (json.loads(line) for line in files[-1].read_text().splitlines() if line.strip())
+    return {r["doc_id"]: r["resps"][0][0] for r in rows}
+
+
+def generation_agreement(a: dict[int, str], b: dict[int, str]) -> dict:
+    """Items both sides answered, and on how many their generated texts are identical."""
+    common = sorted(set(a) & set(b))
+    differ = [i for i in common if a[i] != b[i]]
+    return {"items": len(common), "identical": len(common) - len(differ), "differing_doc_ids": differ}
 
 
 def run_side(side: str, args, tasks_dir: Path, env: dict) -> None:
@@ -82,6 +100,9 @@ def summary_of(out: Path) -> dict:
     for side in SIDE_CONFIG:
         if (out / f"lm_eval-{side}").is_dir():
             summary["lm_eval"][side] = read_lm_eval_results(out / f"lm_eval-{side}")
+    if len(summary["lm_eval"]) == 2:
+        summary["nmc_gen_agreement"] = generation_agreement(generations(out / "lm_eval-stock"),
+                                                            generations(out / "lm_eval-megakernel"))
     greedy = {side: json.loads((out / f"greedy-{side}.json").read_text())
               for side in SIDE_CONFIG if (out / f"greedy-{side}.json").exists()}
     if len(greedy) == 2:

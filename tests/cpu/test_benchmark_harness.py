@@ -219,7 +219,8 @@ def test_local_lm_eval_tasks_load_offline_and_score(tmp_path):
     import subprocess
 
     pytest.importorskip("lm_eval", reason="lm-eval is not installed")
-    from benchmarks.accuracy import lm_eval_cmd, materialize_tasks, read_lm_eval_results
+    from benchmarks.accuracy import (generation_agreement, generations, lm_eval_cmd, materialize_tasks,
+                                     read_lm_eval_results)
 
     tasks = materialize_tasks(tmp_path / "tasks")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -229,6 +230,10 @@ def test_local_lm_eval_tasks_load_offline_and_score(tmp_path):
     res = read_lm_eval_results(tmp_path / "out")
     assert set(res) == {"nmc_mc", "nmc_gen"}
     assert 0.0 <= res["nmc_mc"]["acc"] <= 1.0 and 0.0 <= res["nmc_gen"]["exact_match"] <= 1.0
+    generated = generations(tmp_path / "out")  # lm-eval's own --log_samples file
+    assert sorted(generated) == list(range(5)) and all(isinstance(t, str) for t in generated.values())
+    assert generation_agreement(generated, generated) == {"items": 5, "identical": 5, "differing_doc_ids": []}
+    assert generation_agreement(generated, {**generated, 3: generated[3] + "x"})["differing_doc_ids"] == [3]
 
 
 def test_task_answers_are_right_by_construction():
