@@ -5,8 +5,13 @@
 
 Per side: start the OpenAI server (loopback only), wait for /health, read the KV-cache capacity it logs,
 run `vllm bench serve` (random prompts, --ignore-eos) at each concurrency while sampling the GPU's memory
-use, stop the server. Writes serve.json and serve.md: output tok/s, median TPOT and TTFT, peak GPU memory
-and KV-cache capacity for both sides.
+use, stop the server. Each side leaves side-SIDE.json in --out; serve.json and serve.md (output tok/s,
+median TPOT and TTFT, peak GPU memory and KV-cache capacity) cover every side --out holds. So on a host
+with two GPUs the sides can run at once, one per GPU, each on its own port:
+
+    CUDA_VISIBLE_DEVICES=0 python -m benchmarks.serve_load ... --out O --sides stock --port 8199 &
+    CUDA_VISIBLE_DEVICES=1 python -m benchmarks.serve_load ... --out O --sides megakernel --port 8200; wait
+    python -m benchmarks.serve_load --model M --out O --sides ""        # only (re)writes serve.json/.md
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ def markdown(summary: dict) -> str:
         for row in s.get("rows", []):
             lines.append(f"| {side} | {row['concurrency']} | {row['output_tok_s']:.0f} | {row['median_tpot_ms']:.2f} | "
                          f"{row['median_ttft_ms']:.1f} | {peak} | {s['kv_cache_tokens']} |")
-    notes = [f"- {side}: {s.get('decision') or s.get('error')}" for side, s in summary["sides"].items()]
+    notes = [f"- {side}: " + "; ".join(x for x in (s.get("decision"), s.get("error")) if x)
+             for side, s in summary["sides"].items()]
     return "\n".join(lines + [""] + notes) + "\n"
 
 
@@ -146,9 +152,19 @@ def run_side(side: str, args, out_dir: Path) -> dict:
                 print(f"[{side}] concurrency {c}: {rows[-1]['output_tok_s']:.0f} output tok/s", flush=True)
     except ServerError as e:
         return {"error": f"{e}".splitlines()[0] + f"; see {log_path}"}
+    except subprocess.CalledProcessError as e:  # keep the levels already measured
+        return {"rows": rows, "error": f"vllm bench serve failed (exit {e.returncode}) at concurrency "
+                                      f"{args.concurrency[len(rows)]}", "peak_gpu_gib": sampler.peak_mib / 1024,
+                **parse_server_log(log_path.read_text())}
     finally:
         sampler.stop()
     return {"rows": rows, "peak_gpu_gib": sampler.peak_mib / 1024, **parse_server_log(log_path.read_text())}
+
+
+def summary_of(out: Path) -> dict:
+    """Every side whose side-SIDE.json is in out, stock first."""
+    return {"sides": {side: json.loads((out / f"side-{side}.json").read_text())
+                      for side in ("stock", "megakernel") if (out / f"side-{side}.json").exists()}}
 
 
 def main(argv=None) -> None:
@@ -164,9 +180,15 @@ def main(argv=None) -> None:
     ap.add_argument("--startup-timeout", type=int, default=900)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-serve"))
     args = ap.parse_args(argv)
+    sides = [s for s in args.sides.split(",") if s]
+    if unknown := set(sides) - set(SIDE_CONFIG):
+        ap.error(f"unknown sides {sorted(unknown)}; choose from {list(SIDE_CONFIG)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    summary = {"command": " ".join([sys.executable, "-m", "benchmarks.serve_load"] + (argv or sys.argv[1:])),
-               "sides": {side: run_side(side, args, args.out) for side in args.sides.split(",")}}
+    command = " ".join([sys.executable, "-m", "benchmarks.serve_load"] + (argv or sys.argv[1:]))
+    for side in sides:
+        result = {"command": command, **run_side(side, args, args.out)}
+        (args.out / f"side-{side}.json").write_text(json.dumps(result, indent=1))
+    summary = summary_of(args.out)
     (args.out / "serve.json").write_text(json.dumps(summary, indent=1))
     table = markdown(summary)
     (args.out / "serve.md").write_text(table)

@@ -201,6 +201,24 @@ def test_accuracy_sides_run_apart_are_compared_from_one_out_folder(tmp_path):
     assert set(summary["model_class"]) == {"stock", "megakernel"}
 
 
+def test_serving_sides_run_apart_are_reported_together(tmp_path):
+    from benchmarks import serve_load
+
+    row = {"concurrency": 1, "completed": 8, "failed": 0, "output_tok_s": 165.0, "median_tpot_ms": 4.75,
+           "median_ttft_ms": 122.6, "p99_tpot_ms": 5.0}
+    (tmp_path / "side-megakernel.json").write_text(json.dumps(
+        {"rows": [row], "peak_gpu_gib": 130.0, "kv_cache_tokens": 1000, "decision": "runs on the megakernel",
+         "error": "vllm bench serve failed (exit 1) at concurrency 8"}))
+    (tmp_path / "side-stock.json").write_text(json.dumps(
+        {"rows": [row], "peak_gpu_gib": None, "kv_cache_tokens": 2000, "decision": "stock"}))
+    summary = serve_load.summary_of(tmp_path)
+    assert list(summary["sides"]) == ["stock", "megakernel"]
+    table = serve_load.markdown(summary)
+    assert "| stock | 1 | 165 | 4.75 | 122.6 | - | 2000 |" in table
+    assert "| megakernel | 1 | 165 | 4.75 | 122.6 | 130.0 | 1000 |" in table
+    assert "- megakernel: runs on the megakernel; vllm bench serve failed (exit 1) at concurrency 8" in table
+
+
 def test_agreement_metrics():
     from benchmarks.agreement import first_divergence, summarize, topk_logprob_cosine
 
