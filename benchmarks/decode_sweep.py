@@ -8,7 +8,8 @@ Each side runs in its own process (plugins and the switch are per process) with 
 request is prefilled, unless --cache-prompts: then the warm-up leaves each case's prompts in vLLM's prefix
 cache and the timed runs recompute only their last block, which takes the prefill (B x context tokens,
 minutes at 32K-128K contexts) out of every timed run without changing the decode work both terms
-contain. Per case, with random prompt ids, ignore_eos and greedy sampling:
+contain; a batch's prompts are the smaller batches' plus new ones, so a warm-up prefills only the new ones
+while they stay cached. Per case, with random prompt ids, ignore_eos and greedy sampling:
     per-request decode tok/s = N / (t(N + 1 new tokens) - t(1 new token)),
 repeated (median and spread reported) after one warm-up. The stock side also measures how many distinct
 experts a step at each batch size runs (benchmarks.routing_probe, on the engine's own weights), which the
@@ -38,6 +39,14 @@ def _decision(model) -> dict:
     return {"use_megakernel": bool(d and d.use_megakernel), "decision": d.log_line() if d else "plugin not loaded"}
 
 
+def prompt_ids(seed: int, context: int, index: int) -> list[int]:
+    """The index-th random prompt of a context length: a function of (seed, context, index) alone, so both
+    sides get the same prompts and a batch's prompts are the smaller batches' plus new ones. With
+    --cache-prompts the warm-up of batch 2B then prefills only B new prompts; the timed runs are unchanged."""
+    rng = random.Random(f"{seed}/{context}/{index}")
+    return [rng.randrange(10, 100_000) for _ in range(context)]
+
+
 def worker(args) -> None:
     """One side: build the engine once, run every case, write a JSON list of cases."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # for apply_model
@@ -63,7 +72,6 @@ def worker(args) -> None:
         for b in sorted({c["batch"] for c in cases}):
             distinct[b] = llm.apply_model(lambda m, b=b: probe_vllm_model(m, b))[0]
             print(f"[{args.side}] batch {b}: {distinct[b]:.1f} distinct experts per MoE layer (measured)", flush=True)
-    rng = random.Random(args.seed)
     results = []
     for case in cases:
         b, ctx = case["batch"], case["context"]
@@ -72,8 +80,7 @@ def worker(args) -> None:
         if not context_fits(b, ctx, args.new_tokens, capacity):
             out.update(status="skipped", reason=f"{b} x {ctx} tokens exceed the KV cache ({capacity} tokens)")
         else:
-            prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(10, 100_000) for _ in range(ctx)])
-                       for _ in range(b)]
+            prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, ctx, i)) for i in range(b)]
 
             def timed(n):
                 params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)

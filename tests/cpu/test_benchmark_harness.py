@@ -149,6 +149,16 @@ def test_every_script_that_calls_apply_model_lets_vllm_pickle_the_function():
         assert "VLLM_ALLOW_INSECURE_SERIALIZATION" in p.read_text(), p.name
 
 
+def test_sweep_prompts_are_shared_by_both_sides_and_nested_across_batch_sizes():
+    from benchmarks.decode_sweep import prompt_ids
+
+    small = [prompt_ids(0, 1024, i) for i in range(4)]
+    assert small == [prompt_ids(0, 1024, i) for i in range(8)][:4]  # batch 8 = batch 4's prompts + 4 new
+    assert all(len(p) == 1024 and min(p) >= 10 for p in small)
+    assert len({tuple(p) for p in small}) == 4  # distinct requests, not one prompt repeated
+    assert prompt_ids(1, 1024, 0) != prompt_ids(0, 1024, 0)
+
+
 def test_plots_are_png_files(config, tmp_path):
     paths = report.plots(recorded(config), tmp_path)
     assert [p.name for p in paths] == ["toks_vs_batch.png", "speedup_vs_context.png", "pct_sol.png"]
