@@ -1,5 +1,8 @@
 """Tables and plots from a decode-sweep result (results.json), so a recorded run can be re-rendered and
-the rendering tested without a GPU.
+the rendering tested without a GPU; and one result from several runs of one sweep split across GPUs or
+device calls:
+
+    python -m benchmarks.report merge --out benchmarks/results/NAME RUN_DIR [RUN_DIR ...]
 
 Result layout (written by benchmarks.decode_sweep):
     {"env": {...}, "bandwidth_bytes_per_s": float, "new_tokens": int, "config": {...model config...},
@@ -10,6 +13,8 @@ Result layout (written by benchmarks.decode_sweep):
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -22,7 +27,6 @@ SIDES = ("stock", "megakernel")
 def summarize(result: dict) -> list[dict]:
     """One row per (batch, context): each side's median aggregate tok/s and spread, ratio, SOL."""
     mb = ModelBytes.from_config(result["config"])
-    bw = result["bandwidth_bytes_per_s"]
     by_key: dict[tuple[int, int], dict] = defaultdict(dict)
     for case in result["cases"]:
         by_key[(case["batch"], case["context"])][case["side"]] = case
@@ -34,6 +38,9 @@ def summarize(result: dict) -> list[dict]:
         row["distinct_source"] = "measured" if distinct else "uniform"
         d = row["distinct_experts"] or expected_distinct_experts(mb.num_experts, mb.top_k, batch)
         row["distinct_used"] = d
+        # a merged result keeps each case's own run's bandwidth
+        bw = next((c["bandwidth_bytes_per_s"] for c in sides.values() if "bandwidth_bytes_per_s" in c),
+                  result["bandwidth_bytes_per_s"])
         row["sol_tok_s"] = sol_tokens_per_s(mb, batch, context, bw, d)
         for side in SIDES:
             case = sides.get(side)
@@ -70,9 +77,13 @@ def markdown(result: dict) -> str:
                      "weights, so compare the two sides only where the routing matches.\n")
     cached = (" Prompts were prefix-cached by the warm-up, so timed runs recompute only each prompt's last "
               "block." if env.get("prefix_caching") else "")
+    bws = result.get("run_bandwidths") or [result["bandwidth_bytes_per_s"]]
+    measured = (f"{bws[0] / 1e12:.2f} TB/s" if len(bws) == 1 else
+                f"{min(bws) / 1e12:.2f}-{max(bws) / 1e12:.2f} TB/s in the {len(bws)} runs merged here, each "
+                "case's speed of light using its own run's figure")
     lines.append(f"GPU {env.get('gpu', '?')}, vLLM {env.get('vllm', '?')}, torch {env.get('torch', '?')}, "
                  f"{result['new_tokens']} new tokens per request, median of {env.get('repeats', '?')} runs; "
-                 f"HBM bandwidth measured {result['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s.{cached}\n")
+                 f"HBM bandwidth measured {measured}.{cached}\n")
     lines.append("| batch | context | stock tok/s (min-max) | megakernel tok/s (min-max) | ratio | "
                  "distinct experts/layer | SOL tok/s | stock % SOL | megakernel % SOL |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
@@ -136,3 +147,62 @@ def plots(result: dict, out_dir: Path) -> list[Path]:
     paths.append(_line_plot(out_dir / "pct_sol.png", _by_batch(rows, lambda r, side: r[f"{side}_pct_sol"]),
                             "batch size", "% of memory speed of light", "Fraction of SOL"))
     return paths
+
+
+# What runs of one sweep must share to be merged (everything that changes the numbers but the cases).
+MERGE_MUST_MATCH = ("new_tokens", "config")
+ENV_MUST_MATCH = ("gpu", "vllm", "torch", "repeats", "load_format", "model", "graph_mode", "routing_simulation",
+                  "prefix_caching")
+
+
+def merge(results: list[dict]) -> dict:
+    """One result from several runs of the same sweep (e.g. 1K-8K contexts on one GPU, 32K on another).
+    Each case keeps the bandwidth its own run measured; runs that differ in settings, disagree on a side's
+    decision, or measured the same case twice are refused."""
+    if not results:
+        raise ValueError("nothing to merge")
+    first = results[0]
+    for r in results[1:]:
+        for key in MERGE_MUST_MATCH:
+            if r[key] != first[key]:
+                raise ValueError(f"runs differ in {key}: cannot merge")
+        for key in ENV_MUST_MATCH:
+            if r["env"].get(key) != first["env"].get(key):
+                raise ValueError(f"runs differ in env.{key}: {first['env'].get(key)!r} vs {r['env'].get(key)!r}")
+    sides: dict = {}
+    cases, seen = [], set()
+    for r in results:
+        for side, info in r["sides"].items():
+            if sides.setdefault(side, info)["use_megakernel"] != info["use_megakernel"]:
+                raise ValueError(f"the {side} side ran the megakernel in one run and not in another")
+        for c in r["cases"]:
+            key = (c["side"], c["batch"], c["context"])
+            if key in seen:
+                raise ValueError(f"case {key} appears in more than one run")
+            seen.add(key)
+            cases.append({**c, "bandwidth_bytes_per_s": c.get("bandwidth_bytes_per_s", r["bandwidth_bytes_per_s"])})
+    run_bws = [bw for r in results for bw in (r.get("run_bandwidths") or [r["bandwidth_bytes_per_s"]])]
+    return {**first, "bandwidth_bytes_per_s": min(run_bws), "run_bandwidths": run_bws, "sides": sides,
+            "cases": sorted(cases, key=lambda c: (c["context"], c["batch"], c["side"])),
+            "command": [r["command"] for r in results]}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="merge decode-sweep runs into one result, table and plots")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("merge")
+    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("runs", type=Path, nargs="+", help="run folders (or their results.json)")
+    args = ap.parse_args(argv)
+    runs = [json.loads((p / "results.json" if p.is_dir() else p).read_text()) for p in args.runs]
+    result = merge(runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    table = markdown(result)
+    (args.out / "table.md").write_text(table)
+    plots(result, args.out)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

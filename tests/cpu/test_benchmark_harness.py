@@ -1,6 +1,7 @@
 """Harness arithmetic and rendering, from the config and a recorded result (no GPU)."""
 
 import argparse
+import copy
 import json
 import random
 import struct
@@ -157,6 +158,34 @@ def test_sweep_prompts_are_shared_by_both_sides_and_nested_across_batch_sizes():
     assert all(len(p) == 1024 and min(p) >= 10 for p in small)
     assert len({tuple(p) for p in small}) == 4  # distinct requests, not one prompt repeated
     assert prompt_ids(1, 1024, 0) != prompt_ids(0, 1024, 0)
+
+
+def test_runs_split_across_gpus_merge_into_one_table_each_case_keeping_its_own_bandwidth(config, tmp_path):
+    whole = recorded(config)
+    short, long_ = copy.deepcopy(whole), copy.deepcopy(whole)
+    short["cases"] = [c for c in whole["cases"] if c["context"] <= 1024]
+    long_["cases"] = [c for c in whole["cases"] if c["context"] > 1024]
+    short["bandwidth_bytes_per_s"], short["command"], long_["command"] = 4.0e12, "run a", "run b"
+    for i, run in enumerate((short, long_)):
+        (tmp_path / f"run{i}").mkdir()
+        (tmp_path / f"run{i}" / "results.json").write_text(json.dumps(run))
+    report.main(["merge", "--out", str(tmp_path / "merged"), str(tmp_path / "run0"), str(tmp_path / "run1")])
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert len(merged["cases"]) == len(whole["cases"]) and merged["command"] == ["run a", "run b"]
+    rows = {(r["batch"], r["context"]): r for r in report.summarize(merged)}
+    alone = {(r["batch"], r["context"]): r for r in report.summarize(whole)}
+    assert rows[(8, 8192)]["sol_tok_s"] == pytest.approx(alone[(8, 8192)]["sol_tok_s"])  # its run's 4.28 TB/s
+    assert rows[(8, 1024)]["sol_tok_s"] == pytest.approx(alone[(8, 1024)]["sol_tok_s"] * 4.0 / 4.28)
+    table = (tmp_path / "merged" / "table.md").read_text()
+    assert "HBM bandwidth measured 4.00-4.28 TB/s in the 2 runs merged here" in table
+    assert table == report.markdown(merged)  # what the regeneration test will check for a committed merge
+
+    with pytest.raises(ValueError, match="new_tokens"):
+        report.merge([short, {**long_, "new_tokens": 256}])
+    with pytest.raises(ValueError, match="env.repeats"):
+        report.merge([short, {**long_, "env": {**long_["env"], "repeats": 5}}])
+    with pytest.raises(ValueError, match="more than one run"):
+        report.merge([short, short])
 
 
 def test_plots_are_png_files(config, tmp_path):
