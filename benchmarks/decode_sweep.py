@@ -39,6 +39,20 @@ def _decision(model) -> dict:
     return {"use_megakernel": bool(d and d.use_megakernel), "decision": d.log_line() if d else "plugin not loaded"}
 
 
+LEN_MARGIN = 16  # max_model_len headroom over the longest context plus its new tokens
+
+
+def check_contexts(contexts: list[int], new_tokens: int, config: dict) -> None:
+    """A context whose sequence would outgrow the model's positions is an error up front, not an engine
+    failure minutes later; the message names the longest context that fits (the 256K grid point)."""
+    limit = config["max_position_embeddings"]
+    longest = limit - new_tokens - LEN_MARGIN
+    too_long = [c for c in contexts if c > longest]
+    if too_long:
+        raise ValueError(f"contexts {too_long} plus {new_tokens} new tokens exceed the model's {limit} positions; "
+                         f"the longest context that fits is {longest}")
+
+
 def prompt_ids(seed: int, context: int, index: int) -> list[int]:
     """The index-th random prompt of a context length: a function of (seed, context, index) alone, so both
     sides get the same prompts and a batch's prompts are the smaller batches' plus new ones. With
@@ -60,7 +74,7 @@ def worker(args) -> None:
     max_batch = max(c["batch"] for c in cases)
     llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True,
               enable_prefix_caching=args.cache_prompts, additional_config=SIDE_CONFIG[args.side],
-              max_model_len=max_ctx + args.new_tokens + 16, max_num_seqs=max(max_batch, 1),
+              max_model_len=max_ctx + args.new_tokens + LEN_MARGIN, max_num_seqs=max(max_batch, 1),
               gpu_memory_utilization=args.gpu_memory_utilization, seed=0)
     cache = llm.llm_engine.vllm_config.cache_config
     capacity = (cache.num_gpu_blocks or 0) * cache.block_size
@@ -178,6 +192,11 @@ def main(argv=None) -> None:
 
     cases = [{"batch": int(b), "context": int(c)} for c in args.contexts.split(",")
              for b in args.batch_sizes.split(",")]
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    try:
+        check_contexts(sorted({c["context"] for c in cases}), args.new_tokens, config)
+    except ValueError as e:
+        ap.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
     bandwidth = measure_bandwidth()
     print(f"measured HBM bandwidth: {bandwidth / 1e12:.2f} TB/s (copy, read + write)", flush=True)
@@ -189,7 +208,6 @@ def main(argv=None) -> None:
         proc = subprocess.run(cmd, env=env)
         got, sides[side] = collect_side(side, cases, part, proc.returncode)
         all_cases += got
-    config = json.loads((Path(args.model) / "config.json").read_text())
     result = {"env": environment(args), "bandwidth_bytes_per_s": bandwidth, "new_tokens": args.new_tokens,
               "config": config, "sides": sides, "cases": all_cases,
               "command": " ".join([sys.executable, "-m", "benchmarks.decode_sweep"] + (argv or sys.argv[1:]))}

@@ -188,6 +188,18 @@ def test_runs_split_across_gpus_merge_into_one_table_each_case_keeping_its_own_b
         report.merge([short, short])
 
 
+def test_a_context_past_the_models_positions_is_refused_up_front_naming_the_longest_that_fits(config, capsys):
+    from benchmarks import decode_sweep
+
+    limit = config["max_position_embeddings"]
+    decode_sweep.check_contexts([1024, limit - 256 - 16], 256, config)  # fits exactly
+    with pytest.raises(ValueError, match=f"longest context that fits is {limit - 272}"):
+        decode_sweep.check_contexts([1024, limit], 256, config)
+    with pytest.raises(SystemExit):  # the CLI says so before measuring or starting any engine
+        decode_sweep.main(["--model", str(FULL_CONFIG), "--contexts", str(limit), "--new-tokens", "256"])
+    assert f"exceed the model's {limit} positions" in capsys.readouterr().err
+
+
 def test_plots_are_png_files(config, tmp_path):
     paths = report.plots(recorded(config), tmp_path)
     assert [p.name for p in paths] == ["toks_vs_batch.png", "speedup_vs_context.png", "pct_sol.png"]
