@@ -25,13 +25,14 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks import SIDE_CONFIG
+from benchmarks import SIDE_CONFIG, write_json_atomic
 
 
 def _decision(model) -> dict:
@@ -109,10 +110,18 @@ def worker(args) -> None:
                 rates.append(args.new_tokens / (tn - t1))
             out.update(status="ok", per_request_tok_s=rates)
         results.append(out)
-        Path(args.out).write_text(json.dumps(results))  # after every case: a run cut short keeps what it measured
+        write_json_atomic(args.out, results)  # after every case: a run cut short keeps what it measured
         med = statistics.median(out["per_request_tok_s"]) * b if out["status"] == "ok" else None
         print(f"[{args.side}] batch {b} context {ctx}: "
               + (f"{med:.0f} tok/s aggregate" if med else out["reason"]), flush=True)
+
+
+class Stopped(Exception):
+    pass
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
 
 
 UNIFORM_ROUTING = "uniform_random"  # vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY value
@@ -123,6 +132,8 @@ def worker_command(args, side: str, cases: list[dict], part: Path) -> tuple[list
     simulator, so it can only apply to the stock side; there the weights' own routing is not what runs, so
     the routing probe is skipped and the speed of light uses the uniform formula."""
     env = dict(os.environ)
+    # --uniform-routing is the one way to simulate routing, so the recorded env always says what ran
+    env.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
     probe = args.probe_routing
     if args.uniform_routing and side == "stock":
         env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = UNIFORM_ROUTING
@@ -135,12 +146,13 @@ def worker_command(args, side: str, cases: list[dict], part: Path) -> tuple[list
     return cmd, env
 
 
-def collect_side(side: str, cases: list[dict], part: Path, returncode: int) -> tuple[list[dict], dict]:
+def collect_side(side: str, cases: list[dict], part: Path, returncode: int | str) -> tuple[list[dict], dict]:
     """One side's case results and its decision. The worker rewrites its JSON after every case, so a worker
     that died or was stopped part-way still gives the cases it finished; the rest are marked failed."""
     got = json.loads(part.read_text()) if part.exists() else []
     done = {(c["batch"], c["context"]) for c in got}
-    reason = f"the {side} engine stopped (exit {returncode}) before this case; see its output above"
+    how = returncode if isinstance(returncode, str) else f"exit {returncode}"
+    reason = f"the {side} engine stopped ({how}) before this case; see its output above"
     got += [{"side": side, **c, "status": "failed", "reason": reason} for c in cases
             if (c["batch"], c["context"]) not in done]
     if done:
@@ -200,18 +212,35 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     bandwidth = measure_bandwidth()
     print(f"measured HBM bandwidth: {bandwidth / 1e12:.2f} TB/s (copy, read + write)", flush=True)
-    all_cases, sides = [], {}
+    env_record = environment(args)  # now: imports take seconds a stopped run may not have
+    # A run stopped from outside (a time limit's SIGTERM, Ctrl-C) stops its worker and still writes the
+    # results and table of every case finished so far.
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    all_cases, sides, stopped = [], {}, None
     for side in args.sides.split(","):
         part = args.out / f"{side}.json"
         cmd, env = worker_command(args, side, cases, part)
         part.unlink(missing_ok=True)  # never mistake an earlier run's cases for this one's
-        proc = subprocess.run(cmd, env=env)
-        got, sides[side] = collect_side(side, cases, part, proc.returncode)
+        if stopped:
+            rc = stopped
+        else:
+            proc = subprocess.Popen(cmd, env=env)
+            try:
+                rc = proc.wait()
+            except (Stopped, KeyboardInterrupt) as e:
+                stopped = rc = f"stopped by {e}" if isinstance(e, Stopped) else "stopped by an interrupt"
+                print(f"decode_sweep: {stopped}; keeping the cases finished so far", flush=True)
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        got, sides[side] = collect_side(side, cases, part, rc)
         all_cases += got
-    result = {"env": environment(args), "bandwidth_bytes_per_s": bandwidth, "new_tokens": args.new_tokens,
+    result = {"env": env_record, "bandwidth_bytes_per_s": bandwidth, "new_tokens": args.new_tokens,
               "config": config, "sides": sides, "cases": all_cases,
               "command": " ".join([sys.executable, "-m", "benchmarks.decode_sweep"] + (argv or sys.argv[1:]))}
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    write_json_atomic(args.out / "results.json", result, indent=1)
     table = report.markdown(result)
     (args.out / "table.md").write_text(table)
     report.plots(result, args.out)

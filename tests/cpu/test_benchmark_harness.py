@@ -4,6 +4,7 @@ import argparse
 import copy
 import json
 import random
+import re
 import struct
 
 import pytest
@@ -97,8 +98,12 @@ def test_a_stock_only_baseline_says_so_and_plots_no_speedup(config, tmp_path):
     assert [p.name for p in report.plots(result, tmp_path)] == ["toks_vs_batch.png", "pct_sol.png"]
 
 
-def test_uniform_routing_simulates_only_the_stock_side_and_its_sol_uses_the_uniform_formula(config, tmp_path):
+def test_uniform_routing_simulates_only_the_stock_side_and_its_sol_uses_the_uniform_formula(config, tmp_path,
+                                                                                             monkeypatch):
     from benchmarks import decode_sweep
+
+    # an exported simulation variable never leaks into a worker: the flag alone decides, so env says what ran
+    monkeypatch.setenv("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "uniform_random")
 
     args = argparse.Namespace(uniform_routing=True, probe_routing=True, model="m", load_format="dummy",
                               new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, cache_prompts=False)
@@ -108,7 +113,8 @@ def test_uniform_routing_simulates_only_the_stock_side_and_its_sol_uses_the_unif
     assert "--no-probe-routing" in stock_cmd  # the weights' routing is not what the stock side runs
     assert "VLLM_MOE_ROUTING_SIMULATION_STRATEGY" not in mk_env and "--no-probe-routing" not in mk_cmd
     args.uniform_routing = False
-    assert "--no-probe-routing" not in decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")[0]
+    plain_cmd, plain_env = decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")
+    assert "--no-probe-routing" not in plain_cmd and "VLLM_MOE_ROUTING_SIMULATION_STRATEGY" not in plain_env
 
     result = recorded(config)
     result["env"]["routing_simulation"] = "uniform_random (stock side only)"
@@ -140,14 +146,56 @@ def test_a_sweep_cut_short_keeps_the_cases_it_finished(config, tmp_path):
     assert cut and all(r["megakernel"] is None and "exit 1" in r["megakernel_note"] for r in cut)
 
 
+def test_a_sweep_stopped_from_outside_stops_its_worker_and_writes_what_it_finished(tmp_path):
+    """What a time limit does: SIGTERM to the orchestrator while a worker runs. The worker here is a stand-in
+    that records one finished case and then hangs; the orchestrator must end it and still write
+    results.json and table.md with that case and every other case marked as stopped."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    finished = {"side": "stock", "batch": 1, "context": 1024, "status": "ok", "per_request_tok_s": [200.0] * 3,
+                "use_megakernel": False, "decision": "off"}
+    code = f"""
+import json, sys
+from benchmarks import decode_sweep, sol
+sol.measure_bandwidth = lambda: 4.0e12
+decode_sweep.environment = lambda args: {{"gpu": "stand-in", "repeats": 3}}
+def stand_in(args, side, cases, part):
+    body = "import pathlib, time; pathlib.Path(%r).write_text(%r); time.sleep(120)" % (str(part), {json.dumps([finished])!r})
+    return [sys.executable, "-c", body], None
+decode_sweep.worker_command = stand_in
+decode_sweep.main(["--model", {str(FULL_CONFIG)!r}, "--batch-sizes", "1,8", "--contexts", "1024",
+                   "--new-tokens", "8", "--out", {str(tmp_path)!r}])
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "stock.json").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+    t = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0 and time.time() - t < 30, out
+    result = json.loads((tmp_path / "results.json").read_text())
+    status = {(c["side"], c["batch"]): (c["status"], c.get("reason", "")) for c in result["cases"]}
+    assert status[("stock", 1)] == ("ok", "")
+    for key in (("stock", 8), ("megakernel", 1), ("megakernel", 8)):
+        assert status[key][0] == "failed" and "stopped by SIGTERM" in status[key][1], key
+    assert "| 1 | 1K | 200 (200-200) |" in (tmp_path / "table.md").read_text()
+
+
 def test_every_script_that_calls_apply_model_lets_vllm_pickle_the_function():
     """LLM.apply_model ships a Python function to vLLM's engine process, which vLLM refuses unless
     VLLM_ALLOW_INSECURE_SERIALIZATION is set: a harness script that calls it must set it itself."""
     scripts = list((REPO / "benchmarks").glob("*.py")) + list((REPO / "tests" / "gpu").glob("*.py"))
     callers = [p for p in scripts if ".apply_model(" in p.read_text()]
     assert {p.name for p in callers} >= {"greedy.py", "decode_sweep.py", "stepwise_compare.py"}
+    sets_it = re.compile(r'environ(\.setdefault\(|\[)"VLLM_ALLOW_INSECURE_SERIALIZATION"')
     for p in callers:
-        assert "VLLM_ALLOW_INSECURE_SERIALIZATION" in p.read_text(), p.name
+        assert sets_it.search(p.read_text()), p.name
 
 
 def test_sweep_prompts_are_shared_by_both_sides_and_nested_across_batch_sizes():
