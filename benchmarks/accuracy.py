@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import SIDE_CONFIG
+from benchmarks import SIDE_CONFIG, write_json_atomic
 from benchmarks.agreement import summarize
 from benchmarks.gpu_memory import wait_until_released
 
@@ -91,7 +91,9 @@ def run_side(side: str, args, tasks_dir: Path, env: dict) -> None:
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-6000:])
         raise RuntimeError(f"the {side} side's greedy generation failed (exit {proc.returncode}); its output is above")
-    (args.out / f"greedy-{side}.json").write_text(proc.stdout.strip().splitlines()[-1])
+    write_json_atomic(args.out / f"greedy-{side}.json",
+                      {"settings": {"model": args.model, "max_tokens": args.max_tokens},
+                       **json.loads(proc.stdout.strip().splitlines()[-1])})
 
 
 def summary_of(out: Path) -> dict:
@@ -101,10 +103,16 @@ def summary_of(out: Path) -> dict:
         if (out / f"lm_eval-{side}").is_dir():
             summary["lm_eval"][side] = read_lm_eval_results(out / f"lm_eval-{side}")
     if len(summary["lm_eval"]) == 2:
-        summary["nmc_gen_agreement"] = generation_agreement(generations(out / "lm_eval-stock"),
-                                                            generations(out / "lm_eval-megakernel"))
+        try:
+            summary["nmc_gen_agreement"] = generation_agreement(generations(out / "lm_eval-stock"),
+                                                                generations(out / "lm_eval-megakernel"))
+        except FileNotFoundError as e:  # lm-eval only warns when it cannot save samples; keep the rest
+            summary["nmc_gen_agreement"] = {"error": str(e)}
     greedy = {side: json.loads((out / f"greedy-{side}.json").read_text())
               for side in SIDE_CONFIG if (out / f"greedy-{side}.json").exists()}
+    if len({json.dumps(g.get("settings"), sort_keys=True) for g in greedy.values()}) > 1:
+        raise ValueError(f"the greedy runs in {out} used different settings: "
+                         f"{ {side: g.get('settings') for side, g in greedy.items()} }")
     if len(greedy) == 2:
         summary["greedy"] = summarize(greedy["stock"], greedy["megakernel"])
         summary["model_class"] = {side: g.get("model_class") for side, g in greedy.items()}
@@ -127,8 +135,11 @@ def main(argv=None) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     for side in sides:
         run_side(side, args, tasks_dir, env)
-    summary = summary_of(args.out)
-    (args.out / "accuracy.json").write_text(json.dumps(summary, indent=1))
+    try:
+        summary = summary_of(args.out)
+    except ValueError as e:
+        sys.exit(f"accuracy: {e}")
+    write_json_atomic(args.out / "accuracy.json", summary, indent=1)
     print(json.dumps(summary, indent=1))
 
 

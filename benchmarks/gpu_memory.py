@@ -34,6 +34,10 @@ def wait_until_released(max_used_fraction: float = 0.05, timeout_s: float = 90.0
             used, total = used_and_total_mib()
         except (OSError, subprocess.SubprocessError, ValueError):
             return 0.0
-        if used <= max_used_fraction * total or time.time() > deadline:
+        if used <= max_used_fraction * total:
+            return used / total
+        if time.time() > deadline:
+            print(f"gpu_memory: GPU {visible_gpu()} still has {used} of {total} MiB in use after {timeout_s:.0f} s; "
+                  "going on", flush=True)
             return used / total
         time.sleep(2)

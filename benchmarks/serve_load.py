@@ -29,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks import SIDE_CONFIG
+from benchmarks import SIDE_CONFIG, write_json_atomic
 from benchmarks.gpu_memory import used_and_total_mib, wait_until_released
 
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -57,13 +57,15 @@ def bench_row(result: dict) -> dict:
 
 
 def markdown(summary: dict) -> str:
-    lines = ["| side | concurrency | output tok/s | median TPOT ms | median TTFT ms | peak GPU GiB | KV cache tokens |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| side | concurrency | requests ok / failed | output tok/s | median TPOT ms | median TTFT ms | "
+             "peak GPU GiB | KV cache tokens |",
+             "|---|---|---|---|---|---|---|---|"]
     for side, s in summary["sides"].items():
         peak = "-" if s.get("peak_gpu_gib") is None else f"{s['peak_gpu_gib']:.1f}"
         for row in s.get("rows", []):
-            lines.append(f"| {side} | {row['concurrency']} | {row['output_tok_s']:.0f} | {row['median_tpot_ms']:.2f} | "
-                         f"{row['median_ttft_ms']:.1f} | {peak} | {s['kv_cache_tokens']} |")
+            lines.append(f"| {side} | {row['concurrency']} | {row['completed']} / {row['failed']} | "
+                         f"{row['output_tok_s']:.0f} | {row['median_tpot_ms']:.2f} | {row['median_ttft_ms']:.1f} | "
+                         f"{peak} | {s['kv_cache_tokens']} |")
     notes = [f"- {side}: " + "; ".join(x for x in (s.get("decision"), s.get("error")) if x)
              for side, s in summary["sides"].items()]
     return "\n".join(lines + [""] + notes) + "\n"
@@ -98,11 +100,13 @@ def served(cmd: list[str], port: int, log_path: Path, startup_timeout: float):
             # The group may already be gone (the server died at start-up): nothing left to stop then.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+            # Whatever of the group outlived the server (an engine process) would hold the GPU's memory
+            # against the next side's server.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 class GpuMemorySampler(threading.Thread):
@@ -111,12 +115,17 @@ class GpuMemorySampler(threading.Thread):
     def __init__(self, period_s: float = 0.5):
         super().__init__(daemon=True)
         # not `_stop`: threading.Thread has a method of that name, which join() calls
-        self.period_s, self.peak_mib, self._halt = period_s, 0, threading.Event()
+        self.period_s, self.peak_mib, self._halt = period_s, None, threading.Event()
+
+    @property
+    def peak_gib(self) -> float | None:
+        """None when no read succeeded (no nvidia-smi, or it refused the device): unknown, not zero."""
+        return None if self.peak_mib is None else self.peak_mib / 1024
 
     def run(self):
         while not self._halt.is_set():
             try:
-                self.peak_mib = max(self.peak_mib, used_and_total_mib()[0])
+                self.peak_mib = max(self.peak_mib or 0, used_and_total_mib()[0])
             except (OSError, ValueError, subprocess.SubprocessError):
                 pass
             self._halt.wait(self.period_s)
@@ -154,17 +163,30 @@ def run_side(side: str, args, out_dir: Path) -> dict:
         return {"error": f"{e}".splitlines()[0] + f"; see {log_path}"}
     except subprocess.CalledProcessError as e:  # keep the levels already measured
         return {"rows": rows, "error": f"vllm bench serve failed (exit {e.returncode}) at concurrency "
-                                      f"{args.concurrency[len(rows)]}", "peak_gpu_gib": sampler.peak_mib / 1024,
+                                      f"{args.concurrency[len(rows)]}", "peak_gpu_gib": sampler.peak_gib,
                 **parse_server_log(log_path.read_text())}
     finally:
         sampler.stop()
-    return {"rows": rows, "peak_gpu_gib": sampler.peak_mib / 1024, **parse_server_log(log_path.read_text())}
+    return {"rows": rows, "peak_gpu_gib": sampler.peak_gib, **parse_server_log(log_path.read_text())}
+
+
+SETTINGS = ("model", "load_format", "concurrency", "input_len", "output_len", "prompts_per_concurrency")
+
+
+def settings_of(args) -> dict:
+    """What must be equal for two sides' numbers to be comparable."""
+    return {k: getattr(args, k) for k in SETTINGS}
 
 
 def summary_of(out: Path) -> dict:
-    """Every side whose side-SIDE.json is in out, stock first."""
-    return {"sides": {side: json.loads((out / f"side-{side}.json").read_text())
-                      for side in ("stock", "megakernel") if (out / f"side-{side}.json").exists()}}
+    """Every side whose side-SIDE.json is in out, stock first; sides measured with different settings (say,
+    an old file left in out) are refused rather than tabled side by side."""
+    sides = {side: json.loads((out / f"side-{side}.json").read_text())
+             for side in ("stock", "megakernel") if (out / f"side-{side}.json").exists()}
+    settings = {json.dumps(s.get("settings"), sort_keys=True) for s in sides.values()}
+    if len(settings) > 1:
+        raise ValueError(f"the sides in {out} were measured with different settings: {sorted(settings)}")
+    return {"sides": sides}
 
 
 def main(argv=None) -> None:
@@ -186,9 +208,12 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join([sys.executable, "-m", "benchmarks.serve_load"] + (argv or sys.argv[1:]))
     for side in sides:
-        result = {"command": command, **run_side(side, args, args.out)}
-        (args.out / f"side-{side}.json").write_text(json.dumps(result, indent=1))
-    summary = summary_of(args.out)
+        result = {"command": command, "settings": settings_of(args), **run_side(side, args, args.out)}
+        write_json_atomic(args.out / f"side-{side}.json", result, indent=1)
+    try:
+        summary = summary_of(args.out)
+    except ValueError as e:
+        sys.exit(f"serve_load: {e}")
     (args.out / "serve.json").write_text(json.dumps(summary, indent=1))
     table = markdown(summary)
     (args.out / "serve.md").write_text(table)

@@ -271,16 +271,34 @@ def test_serving_log_and_bench_result_parsing():
     assert row["output_tok_s"] == 1500.5 and row["concurrency"] == 8
     table = serve_load.markdown({"sides": {"stock": {"rows": [row], "peak_gpu_gib": 120.4,
                                                      "kv_cache_tokens": 1234567, "decision": "off"}}})
-    assert "| stock | 8 | 1500 | 5.10 | 40.0 | 120.4 | 1234567 |" in table
+    assert "| stock | 8 | 32 / 0 | 1500 | 5.10 | 40.0 | 120.4 | 1234567 |" in table
 
 
 def test_gpu_memory_sampler_stops_cleanly_and_reads_the_visible_gpu(monkeypatch):
+    import time
+
     from benchmarks import gpu_memory, serve_load
 
     sampler = serve_load.GpuMemorySampler(period_s=0.01)
     sampler.start()
     sampler.stop()  # on a machine without nvidia-smi the reads fail quietly; stopping must still work
     assert not sampler.is_alive()
+    assert sampler.peak_gib is None  # no reading is unknown, not 0 GiB
+
+    calls = []
+
+    def fake_smi(cmd, **kw):
+        calls.append(cmd)
+        return argparse.Namespace(stdout="40960, 143771\n")
+
+    monkeypatch.setattr(gpu_memory.subprocess, "run", fake_smi)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    sampler = serve_load.GpuMemorySampler(period_s=0.01)
+    sampler.start()
+    while not calls:
+        time.sleep(0.001)
+    sampler.stop()
+    assert sampler.peak_gib == 40.0 and calls[0][:3] == ["nvidia-smi", "-i", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc,GPU-def")
     assert gpu_memory.visible_gpu() == "GPU-abc"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
@@ -299,23 +317,51 @@ def test_accuracy_sides_run_apart_are_compared_from_one_out_folder(tmp_path):
     assert summary["greedy"]["first_divergence"] == [2]
     assert set(summary["model_class"]) == {"stock", "megakernel"}
 
+    # both lm-eval runs there, one without its samples file (lm-eval only warns when it cannot write it, and
+    # a side that finishes first can look while the other is between its results and its samples)
+    for side in ("stock", "megakernel"):
+        run = tmp_path / f"lm_eval-{side}" / "model"
+        run.mkdir(parents=True)
+        (run / "results_1.json").write_text(json.dumps({"results": {"nmc_gen": {"exact_match,none": 0.0}}}))
+    (tmp_path / "lm_eval-stock" / "model" / "samples_nmc_gen_1.jsonl").write_text(
+        json.dumps({"doc_id": 0, "resps": [["12"]]}) + "\n")
+    summary = accuracy.summary_of(tmp_path)
+    assert "no lm-eval samples of nmc_gen" in summary["nmc_gen_agreement"]["error"]
+    assert summary["greedy"]["first_divergence"] == [2]  # the rest of the summary survives
+    (tmp_path / "lm_eval-megakernel" / "model" / "samples_nmc_gen_1.jsonl").write_text(
+        json.dumps({"doc_id": 0, "resps": [["13"]]}) + "\n")
+    assert accuracy.summary_of(tmp_path)["nmc_gen_agreement"] == {"items": 1, "identical": 0,
+                                                                   "differing_doc_ids": [0]}
+
+    # a greedy file from a run with other settings is refused, not compared
+    (tmp_path / "greedy-stock.json").write_text(json.dumps({**stock, "settings": {"max_tokens": 64}}))
+    with pytest.raises(ValueError, match="different settings"):
+        accuracy.summary_of(tmp_path)
+
 
 def test_serving_sides_run_apart_are_reported_together(tmp_path):
     from benchmarks import serve_load
 
     row = {"concurrency": 1, "completed": 8, "failed": 0, "output_tok_s": 165.0, "median_tpot_ms": 4.75,
            "median_ttft_ms": 122.6, "p99_tpot_ms": 5.0}
+    settings = serve_load.settings_of(argparse.Namespace(model="m", load_format="dummy", concurrency=[1, 8],
+                                                         input_len=1024, output_len=128, prompts_per_concurrency=1))
     (tmp_path / "side-megakernel.json").write_text(json.dumps(
-        {"rows": [row], "peak_gpu_gib": 130.0, "kv_cache_tokens": 1000, "decision": "runs on the megakernel",
-         "error": "vllm bench serve failed (exit 1) at concurrency 8"}))
+        {"settings": settings, "rows": [row], "peak_gpu_gib": 130.0, "kv_cache_tokens": 1000,
+         "decision": "runs on the megakernel", "error": "vllm bench serve failed (exit 1) at concurrency 8"}))
     (tmp_path / "side-stock.json").write_text(json.dumps(
-        {"rows": [row], "peak_gpu_gib": None, "kv_cache_tokens": 2000, "decision": "stock"}))
+        {"settings": settings, "rows": [row], "peak_gpu_gib": None, "kv_cache_tokens": 2000, "decision": "stock"}))
     summary = serve_load.summary_of(tmp_path)
     assert list(summary["sides"]) == ["stock", "megakernel"]
     table = serve_load.markdown(summary)
-    assert "| stock | 1 | 165 | 4.75 | 122.6 | - | 2000 |" in table
-    assert "| megakernel | 1 | 165 | 4.75 | 122.6 | 130.0 | 1000 |" in table
+    assert "| stock | 1 | 8 / 0 | 165 | 4.75 | 122.6 | - | 2000 |" in table
+    assert "| megakernel | 1 | 8 / 0 | 165 | 4.75 | 122.6 | 130.0 | 1000 |" in table
     assert "- megakernel: runs on the megakernel; vllm bench serve failed (exit 1) at concurrency 8" in table
+    # a side left in --out by a run with other settings is refused, not tabled next to this one
+    (tmp_path / "side-stock.json").write_text(json.dumps(
+        {"settings": {**settings, "output_len": 512}, "rows": [row], "peak_gpu_gib": None, "kv_cache_tokens": 2000}))
+    with pytest.raises(ValueError, match="different settings"):
+        serve_load.summary_of(tmp_path)
 
 
 def test_agreement_metrics():
