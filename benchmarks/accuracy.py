@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import SIDE_CONFIG, write_json_atomic
+from benchmarks import SIDE_CONFIG, check_same_settings, parse_sides, write_json_atomic, write_text_atomic
 from benchmarks.agreement import summarize
 from benchmarks.gpu_memory import wait_until_released
 
@@ -37,10 +37,8 @@ def materialize_tasks(dest: Path) -> Path:
     """Copies the task YAMLs with __TASK_DIR__ resolved to the data's absolute folder."""
     dest.mkdir(parents=True, exist_ok=True)
     for y in TASKS.glob("*.yaml"):
-        # written aside and renamed: sides running at once into one --out never read a half-written file
-        tmp = dest / f".{y.name}.{os.getpid()}"
-        tmp.write_text(y.read_text().replace("__TASK_DIR__", str(TASKS.resolve())))
-        os.replace(tmp, dest / y.name)
+        # sides running at once into one --out never read a half-written file
+        write_text_atomic(dest / y.name, y.read_text().replace("__TASK_DIR__", str(TASKS.resolve())))
     return dest
 
 
@@ -110,9 +108,7 @@ def summary_of(out: Path) -> dict:
             summary["nmc_gen_agreement"] = {"error": str(e)}
     greedy = {side: json.loads((out / f"greedy-{side}.json").read_text())
               for side in SIDE_CONFIG if (out / f"greedy-{side}.json").exists()}
-    if len({json.dumps(g.get("settings"), sort_keys=True) for g in greedy.values()}) > 1:
-        raise ValueError(f"the greedy runs in {out} used different settings: "
-                         f"{ {side: g.get('settings') for side, g in greedy.items()} }")
+    check_same_settings({side: g.get("settings") for side, g in greedy.items()}, f"the greedy runs in {out}")
     if len(greedy) == 2:
         summary["greedy"] = summarize(greedy["stock"], greedy["megakernel"])
         summary["model_class"] = {side: g.get("model_class") for side, g in greedy.items()}
@@ -127,9 +123,7 @@ def main(argv=None) -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     ap.add_argument("--sides", default="stock,megakernel", help="comma-separated; empty: only summarize --out")
     args = ap.parse_args(argv)
-    sides = [s for s in args.sides.split(",") if s]
-    if unknown := set(sides) - set(SIDE_CONFIG):
-        ap.error(f"unknown sides {sorted(unknown)}; choose from {list(SIDE_CONFIG)}")
+    sides = parse_sides(ap, args.sides)
     args.out.mkdir(parents=True, exist_ok=True)
     tasks_dir = materialize_tasks(args.out / "tasks")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -29,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks import SIDE_CONFIG, write_json_atomic
+from benchmarks import SIDE_CONFIG, check_same_settings, parse_sides, write_json_atomic
 from benchmarks.gpu_memory import used_and_total_mib, wait_until_released
 
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -183,9 +183,7 @@ def summary_of(out: Path) -> dict:
     an old file left in out) are refused rather than tabled side by side."""
     sides = {side: json.loads((out / f"side-{side}.json").read_text())
              for side in ("stock", "megakernel") if (out / f"side-{side}.json").exists()}
-    settings = {json.dumps(s.get("settings"), sort_keys=True) for s in sides.values()}
-    if len(settings) > 1:
-        raise ValueError(f"the sides in {out} were measured with different settings: {sorted(settings)}")
+    check_same_settings({side: s.get("settings") for side, s in sides.items()}, f"the sides in {out}")
     return {"sides": sides}
 
 
@@ -202,9 +200,7 @@ def main(argv=None) -> None:
     ap.add_argument("--startup-timeout", type=int, default=900)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-serve"))
     args = ap.parse_args(argv)
-    sides = [s for s in args.sides.split(",") if s]
-    if unknown := set(sides) - set(SIDE_CONFIG):
-        ap.error(f"unknown sides {sorted(unknown)}; choose from {list(SIDE_CONFIG)}")
+    sides = parse_sides(ap, args.sides)
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join([sys.executable, "-m", "benchmarks.serve_load"] + (argv or sys.argv[1:]))
     for side in sides:
