@@ -240,11 +240,7 @@ def main(argv=None) -> None:
     result = {"env": env_record, "bandwidth_bytes_per_s": bandwidth, "new_tokens": args.new_tokens,
               "config": config, "sides": sides, "cases": all_cases,
               "command": " ".join([sys.executable, "-m", "benchmarks.decode_sweep"] + (argv or sys.argv[1:]))}
-    write_json_atomic(args.out / "results.json", result, indent=1)
-    table = report.markdown(result)
-    (args.out / "table.md").write_text(table)
-    report.plots(result, args.out)
-    print(table)
+    print(report.write(result, args.out))
 
 
 if __name__ == "__main__":

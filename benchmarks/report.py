@@ -19,6 +19,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks import write_json_atomic
 from benchmarks.sol import ModelBytes, expected_distinct_experts, sol_tokens_per_s
 
 SIDES = ("stock", "megakernel")
@@ -187,6 +188,16 @@ def merge(results: list[dict]) -> dict:
             "command": [r["command"] for r in results]}
 
 
+def write(result: dict, out_dir: Path) -> str:
+    """results.json, table.md and the plots of a result in out_dir; returns the table."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out_dir / "results.json", result, indent=1)
+    table = markdown(result)
+    (out_dir / "table.md").write_text(table)
+    plots(result, out_dir)
+    return table
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="merge decode-sweep runs into one result, table and plots")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -195,13 +206,7 @@ def main(argv=None) -> None:
     m.add_argument("runs", type=Path, nargs="+", help="run folders (or their results.json)")
     args = ap.parse_args(argv)
     runs = [json.loads((p / "results.json" if p.is_dir() else p).read_text()) for p in args.runs]
-    result = merge(runs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    table = markdown(result)
-    (args.out / "table.md").write_text(table)
-    plots(result, args.out)
-    print(table)
+    print(write(merge(runs), args.out))
 
 
 if __name__ == "__main__":
