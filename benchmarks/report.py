@@ -185,7 +185,9 @@ def merge(results: list[dict]) -> dict:
     run_bws = [bw for r in results for bw in (r.get("run_bandwidths") or [r["bandwidth_bytes_per_s"]])]
     return {**first, "bandwidth_bytes_per_s": min(run_bws), "run_bandwidths": run_bws, "sides": sides,
             "cases": sorted(cases, key=lambda c: (c["context"], c["batch"], c["side"])),
-            "command": [r["command"] for r in results]}
+            # a part may itself be a merge: its bandwidths and commands are lists already
+            "command": [c for r in results
+                        for c in (r["command"] if isinstance(r["command"], list) else [r["command"]])]}
 
 
 def write(result: dict, out_dir: Path) -> str:

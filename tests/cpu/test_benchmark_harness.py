@@ -234,6 +234,12 @@ def test_runs_split_across_gpus_merge_into_one_table_each_case_keeping_its_own_b
         report.merge([short, {**long_, "env": {**long_["env"], "repeats": 5}}])
     with pytest.raises(ValueError, match="more than one run"):
         report.merge([short, short])
+    # a merge is itself a part: adding a third run keeps flat lists of commands and bandwidths
+    third = copy.deepcopy(whole)
+    third["cases"] = [{**c, "context": 2048} for c in whole["cases"] if c["context"] == 1024]
+    third["bandwidth_bytes_per_s"], third["command"] = 4.1e12, "run c"
+    again = report.merge([merged, third])
+    assert again["command"] == ["run a", "run b", "run c"] and again["run_bandwidths"] == [4.0e12, 4.28e12, 4.1e12]
 
 
 def test_a_context_past_the_models_positions_is_refused_up_front_naming_the_longest_that_fits(config, capsys):
