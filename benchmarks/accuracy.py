@@ -83,15 +83,18 @@ def run_side(side: str, args, tasks_dir: Path, env: dict) -> None:
     wait_until_released()  # the previous engine of this run may still be letting go of its memory
     subprocess.run(lm_eval_cmd(model_args, "vllm", tasks_dir, args.out / f"lm_eval-{side}"), check=True, env=env)
     wait_until_released()
+    raw = args.out / f"greedy-{side}.raw.json"
+    raw.unlink(missing_ok=True)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.greedy", args.model, json.dumps(SIDE_CONFIG[side]),
-                           "--max-tokens", str(args.max_tokens), "--logprobs", "20"],
+                           "--max-tokens", str(args.max_tokens), "--logprobs", "20", "--out", str(raw)],
                           capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-6000:])
-        raise RuntimeError(f"the {side} side's greedy generation failed (exit {proc.returncode}); its output is above")
+    if proc.returncode != 0 or not raw.exists():
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+        raise RuntimeError(f"the {side} side's greedy generation failed (exit {proc.returncode}"
+                           f"{'' if raw.exists() else ', no result file'}); its output is above")
     write_json_atomic(args.out / f"greedy-{side}.json",
-                      {"settings": {"model": args.model, "max_tokens": args.max_tokens},
-                       **json.loads(proc.stdout.strip().splitlines()[-1])})
+                      {"settings": {"model": args.model, "max_tokens": args.max_tokens}, **json.loads(raw.read_text())})
+    raw.unlink()
 
 
 def summary_of(out: Path) -> dict:

@@ -1,7 +1,8 @@
 """One side of a greedy A/B: generates greedily with vllm.LLM and prints one JSON line with the token ids
-(and, with --logprobs K, each step's top-K logprobs) of every prompt.
+(and, with --logprobs K, each step's top-K logprobs) of every prompt; with --out FILE it writes that JSON to
+FILE instead, which a caller should prefer: vLLM logs to stdout, and its shutdown lines can follow the JSON.
 
-    python -m benchmarks.greedy MODEL_DIR ADDITIONAL_CONFIG_JSON [--max-tokens N] [--logprobs K]
+    python -m benchmarks.greedy MODEL_DIR ADDITIONAL_CONFIG_JSON [--max-tokens N] [--logprobs K] [--out FILE]
         [--compilation full-decode-only|vllm-default]
 
 ``full-decode-only`` (the default) skips torch.compile and captures FULL CUDA graphs for decode batches
@@ -36,6 +37,7 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--compilation", choices=list(COMPILATION), default="full-decode-only")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    ap.add_argument("--out", help="write the JSON here instead of printing it")
     args = ap.parse_args()
     # apply_model ships a function to the engine process, which vLLM only pickles when allowed to
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -64,7 +66,12 @@ def main():
     if args.logprobs:
         result["logprobs"] = [[{str(t): lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs]
                               for o in outs]
-    print(json.dumps(result))
+    if args.out:
+        from benchmarks import write_json_atomic
+
+        write_json_atomic(args.out, result)
+    else:
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":

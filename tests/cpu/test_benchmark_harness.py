@@ -6,6 +6,8 @@ import json
 import random
 import re
 import struct
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -463,3 +465,33 @@ def test_committed_results_regenerate_their_table(results, tmp_path):
     assert (results.parent / "table.md").read_text() == report.markdown(recorded)
     report.plots(recorded, tmp_path)
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.name for p in results.parent.glob("*.png"))
+
+
+def test_accuracy_reads_the_greedy_result_from_its_file_whatever_else_reaches_stdout(tmp_path, monkeypatch):
+    """On the H200 the greedy child exited 0 yet its last stdout line was not the JSON (vLLM logs to stdout),
+    and the summary died on it. The child now writes its result to --out; stdout is only shown on failure."""
+    from benchmarks import accuracy
+
+    result = {"model_class": "m", "tokens": [[5, 6]]}
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        if "benchmarks.greedy" in cmd:
+            out = cmd[cmd.index("--out") + 1]
+            if "megakernel" in out:  # this side's child "succeeds" without leaving a result
+                return subprocess.CompletedProcess(cmd, 0, "INFO shutting down\n", "")
+            Path(out).write_text(json.dumps(result))
+            return subprocess.CompletedProcess(cmd, 0, json.dumps({"not": "this"}) + "\nINFO [core.py] exiting\n", "")
+        return subprocess.CompletedProcess(cmd, 0)  # lm-eval
+
+    monkeypatch.setattr(accuracy.subprocess, "run", fake_run)
+    monkeypatch.setattr(accuracy, "wait_until_released", lambda: None)
+    args = argparse.Namespace(model="ckpt", max_tokens=7, out=tmp_path, gpu_memory_utilization=0.5)
+    accuracy.run_side("stock", args, tmp_path, {})
+    written = json.loads((tmp_path / "greedy-stock.json").read_text())
+    assert written == {"settings": {"model": "ckpt", "max_tokens": 7}, **result}
+    assert not list(tmp_path.glob("*.raw.json"))  # the child's file is consumed
+    with pytest.raises(RuntimeError, match="megakernel side's greedy generation failed .*no result file"):
+        accuracy.run_side("megakernel", args, tmp_path, {})
+    assert not (tmp_path / "greedy-megakernel.json").exists()
