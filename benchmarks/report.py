@@ -159,7 +159,9 @@ ENV_MUST_MATCH = ("gpu", "vllm", "torch", "repeats", "load_format", "model", "gr
 def merge(results: list[dict]) -> dict:
     """One result from several runs of the same sweep (e.g. 1K-8K contexts on one GPU, 32K on another).
     Each case keeps the bandwidth its own run measured; runs that differ in settings, disagree on a side's
-    decision, or measured the same case twice are refused."""
+    decision, or finished the same case twice are refused. A case one run did not finish (status failed:
+    its engine was stopped or died first) yields to the same case finished by another run, so a case cut
+    off by a time limit can be re-run on its own and merged in."""
     if not results:
         raise ValueError("nothing to merge")
     first = results[0]
@@ -171,17 +173,20 @@ def merge(results: list[dict]) -> dict:
             if r["env"].get(key) != first["env"].get(key):
                 raise ValueError(f"runs differ in env.{key}: {first['env'].get(key)!r} vs {r['env'].get(key)!r}")
     sides: dict = {}
-    cases, seen = [], set()
+    by_key: dict = {}
     for r in results:
         for side, info in r["sides"].items():
             if sides.setdefault(side, info)["use_megakernel"] != info["use_megakernel"]:
                 raise ValueError(f"the {side} side ran the megakernel in one run and not in another")
         for c in r["cases"]:
             key = (c["side"], c["batch"], c["context"])
-            if key in seen:
-                raise ValueError(f"case {key} appears in more than one run")
-            seen.add(key)
-            cases.append({**c, "bandwidth_bytes_per_s": c.get("bandwidth_bytes_per_s", r["bandwidth_bytes_per_s"])})
+            case = {**c, "bandwidth_bytes_per_s": c.get("bandwidth_bytes_per_s", r["bandwidth_bytes_per_s"])}
+            held = by_key.get(key)
+            if held is None or held["status"] == "failed":
+                by_key[key] = case
+            elif case["status"] != "failed":
+                raise ValueError(f"case {key} was finished in more than one run")
+    cases = list(by_key.values())
     run_bws = [bw for r in results for bw in (r.get("run_bandwidths") or [r["bandwidth_bytes_per_s"]])]
     return {**first, "bandwidth_bytes_per_s": min(run_bws), "run_bandwidths": run_bws, "sides": sides,
             "cases": sorted(cases, key=lambda c: (c["context"], c["batch"], c["side"])),

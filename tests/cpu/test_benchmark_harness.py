@@ -234,7 +234,7 @@ def test_runs_split_across_gpus_merge_into_one_table_each_case_keeping_its_own_b
         report.merge([short, {**long_, "new_tokens": 256}])
     with pytest.raises(ValueError, match="env.repeats"):
         report.merge([short, {**long_, "env": {**long_["env"], "repeats": 5}}])
-    with pytest.raises(ValueError, match="more than one run"):
+    with pytest.raises(ValueError, match="finished in more than one run"):
         report.merge([short, short])
     # a merge is itself a part: adding a third run keeps flat lists of commands and bandwidths
     third = copy.deepcopy(whole)
@@ -242,6 +242,30 @@ def test_runs_split_across_gpus_merge_into_one_table_each_case_keeping_its_own_b
     third["bandwidth_bytes_per_s"], third["command"] = 4.1e12, "run c"
     again = report.merge([merged, third])
     assert again["command"] == ["run a", "run b", "run c"] and again["run_bandwidths"] == [4.0e12, 4.28e12, 4.1e12]
+
+
+def test_a_case_a_run_did_not_finish_yields_to_the_same_case_measured_in_a_rerun(config):
+    """On the H200 a time limit stopped the 32K sweep before batch 64; that case was re-run alone and the two
+    runs merged: the measured case replaces the unfinished one, in either order, and is counted once."""
+    whole = recorded(config)
+    ok = next(c for c in whole["cases"] if c["status"] == "ok")
+    key = (ok["side"], ok["batch"], ok["context"])
+    cut, rerun = copy.deepcopy(whole), copy.deepcopy(whole)
+    for c in cut["cases"]:
+        if (c["side"], c["batch"], c["context"]) == key:
+            c.update(status="failed", reason="the stock engine stopped (stopped by SIGTERM) before this case")
+            c.pop("per_request_tok_s", None)
+    rerun["cases"], rerun["bandwidth_bytes_per_s"] = [copy.deepcopy(ok)], 4.1e12
+    cut["command"], rerun["command"] = "run a", "run b"
+    for parts in ([cut, rerun], [rerun, cut]):
+        merged = report.merge(parts)
+        hits = [c for c in merged["cases"] if (c["side"], c["batch"], c["context"]) == key]
+        assert len(merged["cases"]) == len(whole["cases"]) and len(hits) == 1
+        assert hits[0]["status"] == "ok" and hits[0]["per_request_tok_s"] == ok["per_request_tok_s"]
+        assert hits[0]["bandwidth_bytes_per_s"] == 4.1e12  # the run that measured it
+    stopped = {**cut, "cases": [c for c in cut["cases"] if c["status"] == "failed"]}
+    twice = report.merge([stopped, copy.deepcopy(stopped)])  # unfinished in both: kept once, as failed
+    assert [(c["batch"], c["context"], c["status"]) for c in twice["cases"]] == [(key[1], key[2], "failed")]
 
 
 def test_a_context_past_the_models_positions_is_refused_up_front_naming_the_longest_that_fits(config, capsys):
