@@ -396,6 +396,27 @@ def test_serving_sides_run_apart_are_reported_together(tmp_path):
         serve_load.summary_of(tmp_path)
 
 
+def test_each_serving_level_is_one_vllm_bench_serve_run_with_an_unmeasured_warm_up_wave(tmp_path):
+    """The command is parsed by vLLM 0.24's own `vllm bench serve` argument parser, so a flag it does not
+    know, or a value it would read differently, fails here rather than on the GPU host."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from benchmarks import serve_load
+
+    args = argparse.Namespace(model="configs/north-mini-code", port=8200, input_len=1024, output_len=128,
+                              prompts_per_concurrency=1)
+    cmd = serve_load.bench_command(args, 32, tmp_path, "bench-stock-c32.json")
+    assert cmd[2:5] == ["vllm.entrypoints.cli.main", "bench", "serve"]
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    parsed = parser.parse_args(cmd[5:])
+    assert (parsed.port, parsed.max_concurrency, parsed.num_warmups, parsed.num_prompts) == (8200, 32, 32, 32)
+    assert (parsed.random_input_len, parsed.random_output_len, parsed.ignore_eos) == (1024, 128, True)
+    assert (parsed.result_dir, parsed.result_filename, parsed.save_result) == (str(tmp_path), "bench-stock-c32.json", True)
+    assert parser.parse_args(serve_load.bench_command(args, 1, tmp_path, "x.json")[5:]).num_prompts == 8  # floor
+
+
 def test_agreement_metrics():
     from benchmarks.agreement import first_divergence, summarize, topk_logprob_cosine
 
