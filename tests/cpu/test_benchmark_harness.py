@@ -512,6 +512,39 @@ def test_committed_results_regenerate_their_table(results, tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.name for p in results.parent.glob("*.png"))
 
 
+SERVED = sorted((REPO / "benchmarks" / "results").glob("*/serve.json"))
+ACCURACY = sorted((REPO / "benchmarks" / "results").glob("*/accuracy.json"))
+
+
+@pytest.mark.parametrize("serve", SERVED, ids=[p.parent.name for p in SERVED])
+def test_committed_serving_results_are_what_their_side_files_give(serve):
+    """A committed serve.json and serve.md are the summary serve_load makes of the folder's side files."""
+    from benchmarks import serve_load
+
+    summary = serve_load.summary_of(serve.parent)
+    assert json.loads(serve.read_text()) == summary
+    assert (serve.parent / "serve.md").read_text().strip() == serve_load.markdown(summary).strip()
+
+
+@pytest.mark.parametrize("acc", ACCURACY, ids=[p.parent.name for p in ACCURACY])
+def test_committed_accuracy_is_what_its_lm_eval_and_greedy_files_give(acc):
+    """A committed accuracy.json is the summary the accuracy tool makes of the folder's lm-eval output and
+    greedy files (the newest lm-eval pass of each side). Floats are compared to 12 significant digits:
+    Python 3.12's sum() (the GPU host's) rounds differently from 3.11's in the last bit."""
+    from benchmarks import accuracy
+
+    def rounded(x):
+        if isinstance(x, float):
+            return float(f"{x:.12g}")
+        if isinstance(x, dict):
+            return {k: rounded(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [rounded(v) for v in x]
+        return x
+
+    assert rounded(json.loads(acc.read_text())) == rounded(accuracy.summary_of(acc.parent))
+
+
 def test_accuracy_reads_the_greedy_result_from_its_file_whatever_else_reaches_stdout(tmp_path, monkeypatch):
     """On the H200 the greedy child exited 0 yet its last stdout line was not the JSON (vLLM logs to stdout),
     and the summary died on it. The child now writes its result to --out; stdout is only shown on failure."""
