@@ -128,10 +128,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     sides = parse_sides(ap, args.sides)
     args.out.mkdir(parents=True, exist_ok=True)
-    tasks_dir = materialize_tasks(args.out / "tasks")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    for side in sides:
-        run_side(side, args, tasks_dir, env)
+    if sides:  # summarizing alone leaves the folder as it is
+        tasks_dir = materialize_tasks(args.out / "tasks")
+        for side in sides:
+            run_side(side, args, tasks_dir, env)
     try:
         summary = summary_of(args.out)
     except ValueError as e:
