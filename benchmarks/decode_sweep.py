@@ -15,7 +15,8 @@ repeated (median and spread reported) after one warm-up. The stock side also mea
 experts a step at each batch size runs (benchmarks.routing_probe, on the engine's own weights), which the
 speed of light uses. The orchestrator also measures HBM bandwidth
 and writes results.json, table.md and PNG plots (benchmarks.report). A progress line is printed per case.
-Cases whose sequences do not all fit the KV cache at once are skipped and say so. If the megakernel side
+Cases whose sequences do not all fit the KV cache at once (counted per KV-cache group, as vLLM allocates:
+benchmarks.kv_fit) are skipped and say so. If the megakernel side
 could not run the megakernel, the table says so plainly instead of showing a speedup.
 """
 
@@ -68,7 +69,7 @@ def worker(args) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from benchmarks.sol import context_fits
+    from benchmarks.kv_fit import blocks_needed, describe, kv_groups
 
     cases = json.loads(args.cases)
     max_ctx = max(c["context"] for c in cases)
@@ -77,8 +78,10 @@ def worker(args) -> None:
               enable_prefix_caching=args.cache_prompts, additional_config=SIDE_CONFIG[args.side],
               max_model_len=max_ctx + args.new_tokens + LEN_MARGIN, max_num_seqs=max(max_batch, 1),
               gpu_memory_utilization=args.gpu_memory_utilization, seed=0)
-    cache = llm.llm_engine.vllm_config.cache_config
-    capacity = (cache.num_gpu_blocks or 0) * cache.block_size
+    vllm_config = llm.llm_engine.vllm_config
+    cache = vllm_config.cache_config
+    kv_blocks = cache.num_gpu_blocks or 0
+    groups = kv_groups(json.loads((Path(args.model) / "config.json").read_text()), cache.block_size, vllm_config)
     info = llm.apply_model(_decision)[0]
     distinct: dict[int, float] = {}
     if args.probe_routing and args.side == "stock":  # same weights on both sides: measure once
@@ -90,10 +93,13 @@ def worker(args) -> None:
     results = []
     for case in cases:
         b, ctx = case["batch"], case["context"]
-        out = {"side": args.side, "batch": b, "context": ctx, "kv_capacity_tokens": capacity,
-               "distinct_experts": distinct.get(b), **info}
-        if not context_fits(b, ctx, args.new_tokens, capacity):
-            out.update(status="skipped", reason=f"{b} x {ctx} tokens exceed the KV cache ({capacity} tokens)")
+        length = ctx + args.new_tokens + 1
+        need = blocks_needed(groups, b, length)
+        out = {"side": args.side, "batch": b, "context": ctx, "kv_blocks": kv_blocks, "kv_blocks_needed": need,
+               "kv_groups": describe(groups), "distinct_experts": distinct.get(b), **info}
+        if need > kv_blocks:  # vLLM would run only some of the batch at a time: not a batch-b rate
+            out.update(status="skipped", reason=f"does not fit the KV cache: {b} sequences of {length} tokens need "
+                                                f"{need} blocks in {describe(groups)}; the engine has {kv_blocks}")
         else:
             prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, ctx, i)) for i in range(b)]
 

@@ -102,6 +102,9 @@ def markdown(result: dict) -> str:
         dist = f"{r['distinct_used']:.1f}" + ("" if r["distinct_source"] == "measured" else " (uniform)")
         lines.append(f"| {r['batch']} | {_k(r['context'])} | {cell('stock')} | {cell('megakernel')} | {ratio} | "
                      f"{dist} | {r['sol_tok_s']:.0f} | {pct('stock')} | {pct('megakernel')} |")
+    for s in result.get("superseded", []):
+        lines.append(f"\n{s['side']} batch {s['batch']} at {_k(s['context'])}: one merged run did not finish it "
+                     f"({s['reason']}); the row shows the run that did.")
     return "\n".join(lines) + "\n"
 
 
@@ -161,7 +164,9 @@ def merge(results: list[dict]) -> dict:
     Each case keeps the bandwidth its own run measured; runs that differ in settings, disagree on a side's
     decision, or finished the same case twice are refused. A case one run did not finish (status failed:
     its engine was stopped or died first) yields to the same case finished by another run, so a case cut
-    off by a time limit can be re-run on its own and merged in."""
+    off by a time limit can be re-run on its own and merged in; the result lists what was superseded, and
+    its table says so. A side's decision comes from the runs where that side finished a case: a run
+    stopped before its side finished anything only knows that the engine stopped."""
     if not results:
         raise ValueError("nothing to merge")
     first = results[0]
@@ -173,22 +178,35 @@ def merge(results: list[dict]) -> dict:
             if r["env"].get(key) != first["env"].get(key):
                 raise ValueError(f"runs differ in env.{key}: {first['env'].get(key)!r} vs {r['env'].get(key)!r}")
     sides: dict = {}
-    by_key: dict = {}
     for r in results:
         for side, info in r["sides"].items():
+            if not any(c["side"] == side and c["status"] != "failed" for c in r["cases"]):
+                continue
             if sides.setdefault(side, info)["use_megakernel"] != info["use_megakernel"]:
                 raise ValueError(f"the {side} side ran the megakernel in one run and not in another")
+    for r in results:  # a side no run finished a case of keeps the first run's account of why
+        for side, info in r["sides"].items():
+            sides.setdefault(side, info)
+    by_key: dict = {}
+    superseded = [s for r in results for s in r.get("superseded", [])]
+    for r in results:
         for c in r["cases"]:
             key = (c["side"], c["batch"], c["context"])
             case = {**c, "bandwidth_bytes_per_s": c.get("bandwidth_bytes_per_s", r["bandwidth_bytes_per_s"])}
             held = by_key.get(key)
-            if held is None or held["status"] == "failed":
+            if held is None:
                 by_key[key] = case
-            elif case["status"] != "failed":
+            elif case["status"] == "failed":
+                superseded.append({k: case[k] for k in ("side", "batch", "context", "reason")})
+            elif held["status"] == "failed":
+                superseded.append({k: held[k] for k in ("side", "batch", "context", "reason")})
+                by_key[key] = case
+            else:
                 raise ValueError(f"case {key} was finished in more than one run")
     cases = list(by_key.values())
     run_bws = [bw for r in results for bw in (r.get("run_bandwidths") or [r["bandwidth_bytes_per_s"]])]
     return {**first, "bandwidth_bytes_per_s": min(run_bws), "run_bandwidths": run_bws, "sides": sides,
+            "superseded": superseded,
             "cases": sorted(cases, key=lambda c: (c["context"], c["batch"], c["side"])),
             # a part may itself be a merge: its bandwidths and commands are lists already
             "command": [c for r in results

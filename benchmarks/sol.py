@@ -106,10 +106,5 @@ def measure_bandwidth(nbytes: int = 8 << 30, iters: int = 10) -> float:
     return 2 * n / times[len(times) // 2]
 
 
-def context_fits(batch: int, context: int, new_tokens: int, kv_capacity_tokens: int) -> bool:
-    """Whether every request's whole sequence fits the KV cache at once (full layers keep every token)."""
-    return batch * (context + new_tokens + 1) <= kv_capacity_tokens
-
-
-__all__ = ["ModelBytes", "context_fits", "cuda_times", "expected_distinct_experts", "measure_bandwidth",
+__all__ = ["ModelBytes", "cuda_times", "expected_distinct_experts", "measure_bandwidth",
            "sol_tokens_per_s"]

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import FULL_CONFIG, REPO
 from benchmarks import report
-from benchmarks.sol import ModelBytes, context_fits, expected_distinct_experts, sol_tokens_per_s
+from benchmarks.kv_fit import KVGroup, blocks_needed, kv_groups, layer_specs
+from benchmarks.sol import ModelBytes, expected_distinct_experts, sol_tokens_per_s
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +48,46 @@ def test_expected_distinct_experts_formula_against_sampling():
     assert expected_distinct_experts(128, 8, 1000) == pytest.approx(128, rel=1e-3)
 
 
-def test_context_fits():
-    assert context_fits(8, 1000, 1000, 8 * 2001)
-    assert not context_fits(8, 1000, 1000, 8 * 2001 - 1)
+@pytest.mark.parametrize("blocks, max_model_len, logged", [(168162, 33040, 28.46), (168443, 262144, 8.33),
+                                                              (168162, 8464, 79.36)])
+def test_kv_groups_are_vllms_own_and_give_the_concurrency_the_h200_engines_logged(config, blocks, max_model_len,
+                                                                                 logged):
+    """The layer specs built from the config, grouped by vLLM's own function, give back the "Maximum
+    concurrency" each H200 engine logged for its block count and max_model_len (the 32K, 256K and 8K runs
+    of benchmarks/results/h200-2026-11-30-stock-grid, LLM's default 16384 batched tokens). So the groups
+    kv_fit counts with are the ones the engine had."""
+    import types
+
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups, get_max_concurrency_for_kv_cache_config
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    stub = types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(disable_hybrid_kv_cache_manager=False, max_num_batched_tokens=16384),
+        model_config=types.SimpleNamespace(max_model_len=max_model_len),
+        parallel_config=types.SimpleNamespace(decode_context_parallel_size=1, prefill_context_parallel_size=1),
+        cache_config=types.SimpleNamespace())
+    groups = get_kv_cache_groups(stub, layer_specs(config))
+    kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    assert get_max_concurrency_for_kv_cache_config(stub, kv) == pytest.approx(logged, abs=0.005)
+    assert kv_groups(config) == [KVGroup(None, 16)] + [KVGroup(config["sliding_window"], 16)] * 3
+
+
+def test_a_batch_fits_the_kv_cache_only_if_every_group_holds_its_blocks(config):
+    """On the H200 the old check (blocks x 16 tokens >= B x length) let 64 sequences of 32K through: 2.1 M
+    of 2.69 M "tokens". Counted per group they need 181,504 blocks of the 168,162 the engine had, so vLLM
+    could not run them all at once and the case measured no batch-64 rate."""
+    groups = kv_groups(config)
+    per_seq_32k = 2065 + 3 * 257  # full group: every token; each sliding group: its window's 256 blocks + 1
+    assert blocks_needed(groups, 1, 32768 + 257) == per_seq_32k
+    assert blocks_needed(groups, 64, 32768 + 257) == 64 * per_seq_32k == 181504 > 168162
+    assert blocks_needed(groups, 32, 32768 + 257) <= 168162  # batch 32 at 32K fits
+    assert blocks_needed(groups, 8, 261872 + 257) <= 168443  # batch 8 at 256K fits its engine
+    assert blocks_needed(groups, 16, 261872 + 257) > 168443
+    # a short sequence holds no more in a sliding group than in the full one
+    assert blocks_needed(groups, 1, 1000) == 4 * 63
+    # no sliding layers: the old tokens-per-block arithmetic, exactly
+    full = [KVGroup(None, 16)]
+    assert blocks_needed(full, 8, 2001) == 8 * 126 and blocks_needed(full, 8, 2000) == 8 * 125
 
 
 def recorded(config, megakernel_ran=True):
@@ -263,9 +301,37 @@ def test_a_case_a_run_did_not_finish_yields_to_the_same_case_measured_in_a_rerun
         assert len(merged["cases"]) == len(whole["cases"]) and len(hits) == 1
         assert hits[0]["status"] == "ok" and hits[0]["per_request_tok_s"] == ok["per_request_tok_s"]
         assert hits[0]["bandwidth_bytes_per_s"] == 4.1e12  # the run that measured it
+        assert [(x["batch"], x["context"]) for x in merged["superseded"]] == [key[1:]]  # not silently dropped
+        assert "one merged run did not finish it (the stock engine stopped" in report.markdown(merged)
     stopped = {**cut, "cases": [c for c in cut["cases"] if c["status"] == "failed"]}
     twice = report.merge([stopped, copy.deepcopy(stopped)])  # unfinished in both: kept once, as failed
     assert [(c["batch"], c["context"], c["status"]) for c in twice["cases"]] == [(key[1], key[2], "failed")]
+
+
+def test_a_side_stopped_before_it_finished_anything_does_not_veto_the_merge(config, tmp_path):
+    """A run stopped while its megakernel side was still starting records that side as not running the
+    megakernel (all it knows is that the engine stopped); the re-run that measured the side decides."""
+    from benchmarks import decode_sweep
+
+    whole = recorded(config)
+    mk_cases = [{"batch": c["batch"], "context": c["context"]} for c in whole["cases"] if c["side"] == "megakernel"]
+    assert mk_cases and whole["sides"]["megakernel"]["use_megakernel"]
+    got, info = decode_sweep.collect_side("megakernel", mk_cases, tmp_path / "absent.json", "stopped by SIGTERM")
+    cut = copy.deepcopy(whole)
+    cut["cases"] = [c for c in whole["cases"] if c["side"] != "megakernel"] + got
+    cut["sides"]["megakernel"], cut["command"] = info, "run a"
+    assert info["use_megakernel"] is False
+    rerun = copy.deepcopy(whole)
+    rerun["cases"], rerun["command"] = [c for c in whole["cases"] if c["side"] == "megakernel"], "run b"
+    for parts in ([cut, rerun], [rerun, cut]):
+        merged = report.merge(parts)
+        assert merged["sides"]["megakernel"] == whole["sides"]["megakernel"]
+        assert len(merged["superseded"]) == len(mk_cases)
+    # a side that did finish cases with and without the megakernel is still refused
+    stock_side = copy.deepcopy(rerun)
+    stock_side["sides"]["megakernel"] = {"use_megakernel": False, "decision": "fell back"}
+    with pytest.raises(ValueError, match="ran the megakernel in one run and not in another"):
+        report.merge([whole, {**stock_side, "cases": [{**c, "context": 4096} for c in stock_side["cases"]]}])
 
 
 def test_a_context_past_the_models_positions_is_refused_up_front_naming_the_longest_that_fits(config, capsys):
@@ -394,6 +460,13 @@ def test_serving_sides_run_apart_are_reported_together(tmp_path):
         {"settings": {**settings, "output_len": 512}, "rows": [row], "peak_gpu_gib": None, "kv_cache_tokens": 2000}))
     with pytest.raises(ValueError, match="different settings"):
         serve_load.summary_of(tmp_path)
+    # and so is one measured before levels began with a warm-up wave (its settings lack the key)
+    old = {k: v for k, v in settings.items() if k != "warmup_wave"}
+    assert old != settings
+    (tmp_path / "side-stock.json").write_text(json.dumps(
+        {"settings": old, "rows": [row], "peak_gpu_gib": None, "kv_cache_tokens": 2000}))
+    with pytest.raises(ValueError, match="different settings"):
+        serve_load.summary_of(tmp_path)
 
 
 def test_each_serving_level_is_one_vllm_bench_serve_run_with_an_unmeasured_warm_up_wave(tmp_path):
@@ -512,6 +585,20 @@ def test_committed_results_regenerate_their_table(results, tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.name for p in results.parent.glob("*.png"))
 
 
+@pytest.mark.parametrize("results", RECORDED, ids=[p.parent.name for p in RECORDED])
+def test_every_committed_measured_case_fit_the_kv_cache(results):
+    """A case shown as measured had its whole batch resident in its engine's KV cache, counted per vLLM
+    KV-cache group (benchmarks.kv_fit). Runs from before kv_fit recorded blocks x block size as
+    kv_capacity_tokens (block size 16)."""
+    recorded = json.loads(results.read_text())
+    groups = kv_groups(recorded["config"])
+    for c in recorded["cases"]:
+        if c["status"] == "ok":
+            blocks = c["kv_blocks"] if "kv_blocks" in c else c["kv_capacity_tokens"] // 16
+            need = blocks_needed(groups, c["batch"], c["context"] + recorded["new_tokens"] + 1)
+            assert need <= blocks, f"batch {c['batch']} at {c['context']}: {need} blocks needed, {blocks} there"
+
+
 SERVED = sorted((REPO / "benchmarks" / "results").glob("*/serve.json"))
 ACCURACY = sorted((REPO / "benchmarks" / "results").glob("*/accuracy.json"))
 
@@ -524,6 +611,12 @@ def test_committed_serving_results_are_what_their_side_files_give(serve):
     summary = serve_load.summary_of(serve.parent)
     assert json.loads(serve.read_text()) == summary
     assert (serve.parent / "serve.md").read_text().strip() == serve_load.markdown(summary).strip()
+    for side, s in summary["sides"].items():  # and the side files are what vLLM's own outputs say
+        bench = [json.loads((serve.parent / f"bench-{side}-c{c}.json").read_text())
+                 for c in s["settings"]["concurrency"]]
+        assert s["rows"] == [serve_load.bench_row(b) for b in bench]
+        log = serve_load.parse_server_log((serve.parent / f"server-{side}.log").read_text())
+        assert (s["kv_cache_tokens"], s["decision"]) == (log["kv_cache_tokens"], log["decision"])
 
 
 @pytest.mark.parametrize("acc", ACCURACY, ids=[p.parent.name for p in ACCURACY])
@@ -570,6 +663,15 @@ def test_accuracy_reads_the_greedy_result_from_its_file_whatever_else_reaches_st
     written = json.loads((tmp_path / "greedy-stock.json").read_text())
     assert written == {"settings": {"model": "ckpt", "max_tokens": 7}, **result}
     assert not list(tmp_path.glob("*.raw.json"))  # the child's file is consumed
+    (tmp_path / "greedy-megakernel.raw.json").write_text(json.dumps(result))  # an earlier run's leftover
     with pytest.raises(RuntimeError, match="megakernel side's greedy generation failed .*no result file"):
         accuracy.run_side("megakernel", args, tmp_path, {})
     assert not (tmp_path / "greedy-megakernel.json").exists()
+
+
+def test_summarizing_accuracy_leaves_the_folder_as_it_is(tmp_path, capsys):
+    from benchmarks import accuracy
+
+    accuracy.main(["--model", "m", "--out", str(tmp_path), "--sides", ""])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.json"]
+    assert json.loads(capsys.readouterr().out) == {"lm_eval": {}, "greedy": None}
