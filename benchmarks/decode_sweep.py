@@ -69,7 +69,7 @@ def worker(args) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from benchmarks.kv_fit import blocks_needed, describe, kv_groups
+    from benchmarks.kv_fit import blocks_needed, describe, kv_groups, usable_blocks
 
     cases = json.loads(args.cases)
     max_ctx = max(c["context"] for c in cases)
@@ -81,6 +81,7 @@ def worker(args) -> None:
     vllm_config = llm.llm_engine.vllm_config
     cache = vllm_config.cache_config
     kv_blocks = cache.num_gpu_blocks or 0
+    batched = vllm_config.scheduler_config.max_num_batched_tokens
     groups = kv_groups(json.loads((Path(args.model) / "config.json").read_text()), cache.block_size, vllm_config)
     info = llm.apply_model(_decision)[0]
     distinct: dict[int, float] = {}
@@ -93,11 +94,12 @@ def worker(args) -> None:
     results = []
     for case in cases:
         b, ctx = case["batch"], case["context"]
-        length = ctx + args.new_tokens + 1
-        need = blocks_needed(groups, b, length)
+        length = ctx + args.new_tokens  # tokens whose K/V a timed run stores (the last sampled one has none)
+        need = blocks_needed(groups, b, length, batched)
         out = {"side": args.side, "batch": b, "context": ctx, "kv_blocks": kv_blocks, "kv_blocks_needed": need,
-               "kv_groups": describe(groups), "distinct_experts": distinct.get(b), **info}
-        if need > kv_blocks:  # vLLM would run only some of the batch at a time: not a batch-b rate
+               "kv_groups": describe(groups), "max_num_batched_tokens": batched,
+               "distinct_experts": distinct.get(b), **info}
+        if need > usable_blocks(kv_blocks):  # vLLM would run only part of the batch at a time: no batch-b rate
             out.update(status="skipped", reason=f"does not fit the KV cache: {b} sequences of {length} tokens need "
                                                 f"{need} blocks in {describe(groups)}; the engine has {kv_blocks}")
         else:

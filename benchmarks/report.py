@@ -104,7 +104,7 @@ def markdown(result: dict) -> str:
                      f"{dist} | {r['sol_tok_s']:.0f} | {pct('stock')} | {pct('megakernel')} |")
     for s in result.get("superseded", []):
         lines.append(f"\n{s['side']} batch {s['batch']} at {_k(s['context'])}: one merged run did not finish it "
-                     f"({s['reason']}); the row shows the run that did.")
+                     f"({s['reason']}); the row comes from the run that did.")
     return "\n".join(lines) + "\n"
 
 
@@ -188,22 +188,24 @@ def merge(results: list[dict]) -> dict:
         for side, info in r["sides"].items():
             sides.setdefault(side, info)
     by_key: dict = {}
-    superseded = [s for r in results for s in r.get("superseded", [])]
+    unfinished = [s for r in results for s in r.get("superseded", [])]  # a part may itself be a merge
     for r in results:
         for c in r["cases"]:
             key = (c["side"], c["batch"], c["context"])
             case = {**c, "bandwidth_bytes_per_s": c.get("bandwidth_bytes_per_s", r["bandwidth_bytes_per_s"])}
             held = by_key.get(key)
-            if held is None:
-                by_key[key] = case
-            elif case["status"] == "failed":
-                superseded.append({k: case[k] for k in ("side", "batch", "context", "reason")})
-            elif held["status"] == "failed":
-                superseded.append({k: held[k] for k in ("side", "batch", "context", "reason")})
-                by_key[key] = case
-            else:
+            if held is not None and held["status"] != "failed" and case["status"] != "failed":
                 raise ValueError(f"case {key} was finished in more than one run")
+            if case["status"] == "failed":
+                unfinished.append({k: case[k] for k in ("side", "batch", "context", "reason")})
+            if held is None or held["status"] == "failed":
+                by_key[key] = case
     cases = list(by_key.values())
+    # superseded: the unfinished copies of cases another run finished (a case no run finished is its row)
+    superseded = sorted({tuple(s.items()) for s in unfinished
+                         if by_key[(s["side"], s["batch"], s["context"])]["status"] != "failed"},
+                        key=lambda t: (dict(t)["context"], dict(t)["batch"], dict(t)["side"], dict(t)["reason"]))
+    superseded = [dict(t) for t in superseded]
     run_bws = [bw for r in results for bw in (r.get("run_bandwidths") or [r["bandwidth_bytes_per_s"]])]
     return {**first, "bandwidth_bytes_per_s": min(run_bws), "run_bandwidths": run_bws, "sides": sides,
             "superseded": superseded,

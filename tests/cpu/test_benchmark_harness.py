@@ -13,7 +13,7 @@ import pytest
 
 from conftest import FULL_CONFIG, REPO
 from benchmarks import report
-from benchmarks.kv_fit import KVGroup, blocks_needed, kv_groups, layer_specs
+from benchmarks.kv_fit import KVGroup, blocks_needed, kv_groups, layer_specs, mark_cases_that_do_not_fit, usable_blocks
 from benchmarks.sol import ModelBytes, expected_distinct_experts, sol_tokens_per_s
 
 
@@ -72,22 +72,40 @@ def test_kv_groups_are_vllms_own_and_give_the_concurrency_the_h200_engines_logge
     assert kv_groups(config) == [KVGroup(None, 16)] + [KVGroup(config["sliding_window"], 16)] * 3
 
 
+H200_BATCHED = 16384  # LLM's max_num_batched_tokens in every H200 engine log of these runs
+
+
 def test_a_batch_fits_the_kv_cache_only_if_every_group_holds_its_blocks(config):
     """On the H200 the old check (blocks x 16 tokens >= B x length) let 64 sequences of 32K through: 2.1 M
-    of 2.69 M "tokens". Counted per group they need 181,504 blocks of the 168,162 the engine had, so vLLM
-    could not run them all at once and the case measured no batch-64 rate."""
+    of 2.69 M "tokens". Counted per group, 58 of them fit the 168,162-block pool (less the null block) at
+    once, so vLLM could not run the batch of 64 together and the case measured no batch-64 rate."""
     groups = kv_groups(config)
-    per_seq_32k = 2065 + 3 * 257  # full group: every token; each sliding group: its window's 256 blocks + 1
-    assert blocks_needed(groups, 1, 32768 + 257) == per_seq_32k
-    assert blocks_needed(groups, 64, 32768 + 257) == 64 * per_seq_32k == 181504 > 168162
-    assert blocks_needed(groups, 32, 32768 + 257) <= 168162  # batch 32 at 32K fits
-    assert blocks_needed(groups, 8, 261872 + 257) <= 168443  # batch 8 at 256K fits its engine
-    assert blocks_needed(groups, 16, 261872 + 257) > 168443
-    # a short sequence holds no more in a sliding group than in the full one
-    assert blocks_needed(groups, 1, 1000) == 4 * 63
+    pool = usable_blocks(168162)
+    decode_32k = 2064 + 3 * 257  # full group: every token; each sliding group: its window's 256 blocks + 1
+    admit_surplus = 3 * (1281 - 257)  # the last one admitted: each sliding group at vLLM's admission cap
+    assert blocks_needed(groups, 1, 32768 + 256, H200_BATCHED) == decode_32k + admit_surplus
+    assert blocks_needed(groups, 58, 32768 + 256, H200_BATCHED) <= pool < blocks_needed(groups, 59, 32768 + 256,
+                                                                                         H200_BATCHED)
+    assert blocks_needed(groups, 32, 32768 + 256, H200_BATCHED) <= pool  # batch 32 at 32K fits
+    assert blocks_needed(groups, 16, 131072 + 256, H200_BATCHED) <= pool  # batch 16 at 128K fits
+    assert blocks_needed(groups, 8, 261872 + 256, H200_BATCHED) <= usable_blocks(168443)  # 256K's engine
+    assert blocks_needed(groups, 16, 261872 + 256, H200_BATCHED) > usable_blocks(168443)
+    # short sequences: a sliding group holds no more than the sequence, in decode or at admission
+    assert blocks_needed(groups, 2, 1000, H200_BATCHED) == 2 * 4 * 63
     # no sliding layers: the old tokens-per-block arithmetic, exactly
     full = [KVGroup(None, 16)]
-    assert blocks_needed(full, 8, 2001) == 8 * 126 and blocks_needed(full, 8, 2000) == 8 * 125
+    assert blocks_needed(full, 8, 2001, H200_BATCHED) == 8 * 126 and blocks_needed(full, 8, 2000, H200_BATCHED) == 1000
+
+
+def test_with_the_hybrid_kv_manager_off_every_layer_keeps_every_token(config):
+    """vLLM then merges all layers into one full-attention group that still carries the window; counting
+    that window would undercount eightfold."""
+    import types
+
+    off = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(disable_hybrid_kv_cache_manager=True))
+    groups = kv_groups(config, vllm_config=off)
+    assert groups == [KVGroup(None, 16)]
+    assert blocks_needed(groups, 64, 32768 + 256, H200_BATCHED) == 64 * 2064
 
 
 def recorded(config, megakernel_ran=True):
@@ -306,6 +324,10 @@ def test_a_case_a_run_did_not_finish_yields_to_the_same_case_measured_in_a_rerun
     stopped = {**cut, "cases": [c for c in cut["cases"] if c["status"] == "failed"]}
     twice = report.merge([stopped, copy.deepcopy(stopped)])  # unfinished in both: kept once, as failed
     assert [(c["batch"], c["context"], c["status"]) for c in twice["cases"]] == [(key[1], key[2], "failed")]
+    assert twice["superseded"] == []  # nothing finished it, so nothing was superseded
+    merged = report.merge([cut, rerun])
+    again = report.merge([merged, copy.deepcopy(stopped)])  # the same unfinished copy once more
+    assert again["superseded"] == merged["superseded"] and len(again["superseded"]) == 1
 
 
 def test_a_side_stopped_before_it_finished_anything_does_not_veto_the_merge(config, tmp_path):
@@ -332,6 +354,49 @@ def test_a_side_stopped_before_it_finished_anything_does_not_veto_the_merge(conf
     stock_side["sides"]["megakernel"] = {"use_megakernel": False, "decision": "fell back"}
     with pytest.raises(ValueError, match="ran the megakernel in one run and not in another"):
         report.merge([whole, {**stock_side, "cases": [{**c, "context": 4096} for c in stock_side["cases"]]}])
+
+
+def test_the_sweep_worker_skips_a_batch_its_engines_kv_cache_cannot_run_at_once(config, tmp_path, monkeypatch):
+    """The worker against a stand-in for vllm.LLM: its engine config (blocks, block size, batched tokens,
+    hybrid-manager switch) decides which cases are timed. 58 sequences of 32K fit 168,162 blocks at once,
+    59 do not; only the fitting case is generated."""
+    import types
+
+    import vllm
+
+    from benchmarks import decode_sweep
+
+    generated = []
+
+    class FakeLLM:
+        def __init__(self, **kw):
+            self.llm_engine = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
+                cache_config=types.SimpleNamespace(num_gpu_blocks=168162, block_size=16),
+                scheduler_config=types.SimpleNamespace(max_num_batched_tokens=16384,
+                                                       disable_hybrid_kv_cache_manager=False)))
+
+        def apply_model(self, fn):
+            return [{"use_megakernel": False, "decision": "stock"}]
+
+        def generate(self, prompts, params, use_tqdm=False):
+            generated.append(len(prompts))
+            clock[0] += 0.01 * params.max_tokens  # 100 tokens/s per request
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    out = tmp_path / "stock.json"
+    args = argparse.Namespace(side="stock", model=str(FULL_CONFIG), load_format="dummy", cache_prompts=True,
+                              new_tokens=256, repeats=1, gpu_memory_utilization=0.9, seed=0, out=out,
+                              probe_routing=False,
+                              cases=json.dumps([{"batch": 58, "context": 32768}, {"batch": 59, "context": 32768}]))
+    monkeypatch.setattr(decode_sweep, "prompt_ids", lambda seed, ctx, i: [1])
+    clock = [0.0]
+    monkeypatch.setattr(decode_sweep.time, "perf_counter", lambda: clock[0])
+    decode_sweep.worker(args)
+    fit, unfit = json.loads(out.read_text())
+    assert fit["status"] == "ok" and fit["kv_blocks_needed"] <= 168161 and fit["max_num_batched_tokens"] == 16384
+    assert fit["per_request_tok_s"] == [pytest.approx(100.0)]
+    assert unfit["status"] == "skipped" and "does not fit the KV cache" in unfit["reason"]
+    assert generated == [58] * 4  # warm-up pair and one timed pair, all for the batch that fits
 
 
 def test_a_context_past_the_models_positions_is_refused_up_front_naming_the_longest_that_fits(config, capsys):
@@ -595,8 +660,21 @@ def test_every_committed_measured_case_fit_the_kv_cache(results):
     for c in recorded["cases"]:
         if c["status"] == "ok":
             blocks = c["kv_blocks"] if "kv_blocks" in c else c["kv_capacity_tokens"] // 16
-            need = blocks_needed(groups, c["batch"], c["context"] + recorded["new_tokens"] + 1)
-            assert need <= blocks, f"batch {c['batch']} at {c['context']}: {need} blocks needed, {blocks} there"
+            need = blocks_needed(groups, c["batch"], c["context"] + recorded["new_tokens"],
+                                 c.get("max_num_batched_tokens", H200_BATCHED))
+            assert need <= usable_blocks(blocks), f"batch {c['batch']} at {c['context']}: {need} blocks, {blocks} there"
+
+
+def test_the_committed_stock_grid_is_its_parts_merged_with_unfitting_cases_marked():
+    """results.json is exactly `report merge` of parts/ (each run's own output) plus the KV-fit check those
+    runs predate: nothing in it was edited by hand."""
+    folder = REPO / "benchmarks" / "results" / "h200-2026-11-30-stock-grid"
+    parts = [json.loads(p.read_text()) for p in sorted((folder / "parts").glob("part*.json"))]
+    assert len(parts) == 4
+    expected = mark_cases_that_do_not_fit(report.merge(parts), H200_BATCHED)
+    assert json.loads((folder / "results.json").read_text()) == json.loads(json.dumps(expected))
+    unfit = [(c["batch"], c["context"]) for c in expected["cases"] if "does not fit" in c.get("reason", "")]
+    assert unfit == [(64, 32768)]
 
 
 SERVED = sorted((REPO / "benchmarks" / "results").glob("*/serve.json"))
