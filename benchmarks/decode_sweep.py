@@ -69,7 +69,7 @@ def worker(args) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from benchmarks.kv_fit import blocks_needed, describe, kv_groups, usable_blocks
+    from benchmarks.kv_fit import case_blocks_needed, describe, kv_groups, usable_blocks
 
     cases = json.loads(args.cases)
     max_ctx = max(c["context"] for c in cases)
@@ -94,14 +94,14 @@ def worker(args) -> None:
     results = []
     for case in cases:
         b, ctx = case["batch"], case["context"]
-        length = ctx + args.new_tokens  # tokens whose K/V a timed run stores (the last sampled one has none)
-        need = blocks_needed(groups, b, length, batched)
+        need = case_blocks_needed(groups, b, ctx, args.new_tokens, batched)
         out = {"side": args.side, "batch": b, "context": ctx, "kv_blocks": kv_blocks, "kv_blocks_needed": need,
                "kv_groups": describe(groups), "max_num_batched_tokens": batched,
                "distinct_experts": distinct.get(b), **info}
         if need > usable_blocks(kv_blocks):  # vLLM would run only part of the batch at a time: no batch-b rate
-            out.update(status="skipped", reason=f"does not fit the KV cache: {b} sequences of {length} tokens need "
-                                                f"{need} blocks in {describe(groups)}; the engine has {kv_blocks}")
+            out.update(status="skipped",
+                       reason=f"does not fit the KV cache: {b} sequences of {ctx} + {args.new_tokens} tokens need "
+                              f"{need} blocks in {describe(groups)}; the engine has {kv_blocks}")
         else:
             prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, ctx, i)) for i in range(b)]
 

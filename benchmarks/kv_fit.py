@@ -77,6 +77,13 @@ def blocks_needed(groups: list[KVGroup], batch: int, length: int, max_num_batche
     return batch * decode + surplus
 
 
+def case_blocks_needed(groups: list[KVGroup], batch: int, context: int, new_tokens: int,
+                       max_num_batched_tokens: int) -> int:
+    """blocks_needed for a decode-sweep case: a timed run of new_tokens + 1 stores the K/V of context +
+    new_tokens tokens (the last sampled token has none)."""
+    return blocks_needed(groups, batch, context + new_tokens, max_num_batched_tokens)
+
+
 def usable_blocks(num_gpu_blocks: int) -> int:
     return num_gpu_blocks - 1  # vLLM's block pool keeps block 0 as the null block
 
@@ -97,7 +104,7 @@ def mark_cases_that_do_not_fit(result: dict, max_num_batched_tokens: int, block_
     for c in result["cases"]:
         if c["status"] == "ok" and "kv_blocks_needed" not in c:
             blocks = c["kv_capacity_tokens"] // block_size
-            need = blocks_needed(groups, c["batch"], c["context"] + result["new_tokens"], max_num_batched_tokens)
+            need = case_blocks_needed(groups, c["batch"], c["context"], result["new_tokens"], max_num_batched_tokens)
             if need > usable_blocks(blocks):
                 rate = statistics.median(c["per_request_tok_s"]) * c["batch"]
                 c = {k: v for k, v in c.items() if k != "per_request_tok_s"}
@@ -109,5 +116,5 @@ def mark_cases_that_do_not_fit(result: dict, max_num_batched_tokens: int, block_
     return {**result, "cases": cases}
 
 
-__all__ = ["KVGroup", "blocks_needed", "describe", "kv_groups", "layer_specs", "mark_cases_that_do_not_fit",
-           "usable_blocks"]
+__all__ = ["KVGroup", "blocks_needed", "case_blocks_needed", "describe", "kv_groups", "layer_specs",
+           "mark_cases_that_do_not_fit", "usable_blocks"]

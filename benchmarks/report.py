@@ -201,11 +201,11 @@ def merge(results: list[dict]) -> dict:
             if held is None or held["status"] == "failed":
                 by_key[key] = case
     cases = list(by_key.values())
-    # superseded: the unfinished copies of cases another run finished (a case no run finished is its row)
-    superseded = sorted({tuple(s.items()) for s in unfinished
-                         if by_key[(s["side"], s["batch"], s["context"])]["status"] != "failed"},
-                        key=lambda t: (dict(t)["context"], dict(t)["batch"], dict(t)["side"], dict(t)["reason"]))
-    superseded = [dict(t) for t in superseded]
+    # superseded: the unfinished copies of cases another run finished (a case no run finished is its row),
+    # each once however many merged parts carry it
+    once = {(s["context"], s["batch"], s["side"], s["reason"]): s for s in unfinished
+            if by_key[(s["side"], s["batch"], s["context"])]["status"] != "failed"}
+    superseded = [once[k] for k in sorted(once)]
     run_bws = [bw for r in results for bw in (r.get("run_bandwidths") or [r["bandwidth_bytes_per_s"]])]
     return {**first, "bandwidth_bytes_per_s": min(run_bws), "run_bandwidths": run_bws, "sides": sides,
             "superseded": superseded,

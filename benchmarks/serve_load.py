@@ -4,10 +4,10 @@
         --concurrency 1,8,32,64 --out benchmarks/results/NAME-serve
 
 Per side: start the OpenAI server (loopback only), wait for /health, read the KV-cache capacity it logs,
-run `vllm bench serve` (random prompts, --ignore-eos, an unmeasured warm-up wave) at each concurrency while sampling the GPU's memory
-use, stop the server. Each side leaves side-SIDE.json in --out; serve.json and serve.md (output tok/s,
-median TPOT and TTFT, peak GPU memory and KV-cache capacity) cover every side --out holds. So on a host
-with two GPUs the sides can run at once, one per GPU, each on its own port:
+run `vllm bench serve` (random prompts, --ignore-eos, an unmeasured warm-up wave) at each concurrency while
+sampling the GPU's memory use, stop the server. Each side leaves side-SIDE.json in --out; serve.json and
+serve.md (output tok/s, median TPOT and TTFT, peak GPU memory and KV-cache capacity) cover every side --out
+holds. So on a host with two GPUs the sides can run at once, one per GPU, each on its own port:
 
     CUDA_VISIBLE_DEVICES=0 python -m benchmarks.serve_load ... --out O --sides stock --port 8199 &
     CUDA_VISIBLE_DEVICES=1 python -m benchmarks.serve_load ... --out O --sides megakernel --port 8200; wait

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import FULL_CONFIG, REPO
 from benchmarks import report
-from benchmarks.kv_fit import KVGroup, blocks_needed, kv_groups, layer_specs, mark_cases_that_do_not_fit, usable_blocks
+from benchmarks.kv_fit import (KVGroup, blocks_needed, case_blocks_needed, kv_groups, layer_specs,
+                               mark_cases_that_do_not_fit, usable_blocks)
 from benchmarks.sol import ModelBytes, expected_distinct_experts, sol_tokens_per_s
 
 
@@ -551,7 +552,8 @@ def test_each_serving_level_is_one_vllm_bench_serve_run_with_an_unmeasured_warm_
     parsed = parser.parse_args(cmd[5:])
     assert (parsed.port, parsed.max_concurrency, parsed.num_warmups, parsed.num_prompts) == (8200, 32, 32, 32)
     assert (parsed.random_input_len, parsed.random_output_len, parsed.ignore_eos) == (1024, 128, True)
-    assert (parsed.result_dir, parsed.result_filename, parsed.save_result) == (str(tmp_path), "bench-stock-c32.json", True)
+    assert (parsed.result_dir, parsed.result_filename, parsed.save_result) == \
+        (str(tmp_path), "bench-stock-c32.json", True)
     assert parser.parse_args(serve_load.bench_command(args, 1, tmp_path, "x.json")[5:]).num_prompts == 8  # floor
 
 
@@ -660,8 +662,8 @@ def test_every_committed_measured_case_fit_the_kv_cache(results):
     for c in recorded["cases"]:
         if c["status"] == "ok":
             blocks = c["kv_blocks"] if "kv_blocks" in c else c["kv_capacity_tokens"] // 16
-            need = blocks_needed(groups, c["batch"], c["context"] + recorded["new_tokens"],
-                                 c.get("max_num_batched_tokens", H200_BATCHED))
+            need = case_blocks_needed(groups, c["batch"], c["context"], recorded["new_tokens"],
+                                      c.get("max_num_batched_tokens", H200_BATCHED))
             assert need <= usable_blocks(blocks), f"batch {c['batch']} at {c['context']}: {need} blocks, {blocks} there"
 
 
