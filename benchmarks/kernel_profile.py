@@ -1,17 +1,19 @@
 """Where the megakernel's decode step spends its time: the kernel alone (no vLLM, no LM head), the whole
 model on random weights, a per-wave breakdown from a traced launch.
 
-    python -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1,8 --context 8192 \
-        [--tile-n 128,64,32]
+    python -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1,8,64 --context 8192 \
+        [--schedules "default;norm=wave;attn_splits=64,moe_up_cols=32"] [--out DIR]
 
 Per batch size: the median step time of --iters untraced launches (CUDA events), the bytes the step read
 (weights of the experts the kernel actually chose, from its routing log, plus the KV it attended over) and
 the bandwidth that is, against the copy bandwidth measured in the same run; then megakernel.trace's table
-of one traced launch (task run and wait times, per-layer span and share of the step per wave). This is the
-tool for deciding what v2 changes; end-to-end speed against stock vLLM comes from benchmarks.decode_sweep.
-Several --tile-n values (output columns per GEMM task; the kernel reads it from the step table) compare
-schedules in one run: fewer columns per task spread a wave over more SMs at more per-task overhead.
-With --out the report is also written there (report.md, profile.json).
+of one traced launch, with the bytes each wave must move per layer (every weight and K/V byte once) and
+the bandwidth that gives over the wave's span. This is the tool for deciding what v2 changes; end-to-end
+speed against stock vLLM comes from benchmarks.decode_sweep. --schedules compares schedules in one run:
+each is a comma-separated list of StepShape choices (attn_splits, attn_min_tiles, combine_heads, norm,
+order: a schedule.WAVE_ORDERS name) and
+GEMM task sizes (layout.GemmTiles fields), or "default". With --out the report is also written there
+(report.md, profile.json, and traces.pt: every task's trace record of the first schedule's traced launches).
 """
 
 from __future__ import annotations
@@ -22,14 +24,42 @@ import json
 import statistics
 from pathlib import Path
 
+ATTENTION_WAVES = ("attn_partial", "attn_combine")
+
+
+SHAPE_KEYS = ("attn_splits", "attn_min_tiles", "combine_heads", "norm", "order")
+
+
+def parse_schedule(text: str) -> dict:
+    """'default' or 'key=value,...' -> StepShape keyword arguments (GEMM tile sizes under ``tiles``)."""
+    from vllm_megakernel.megakernel.layout import GemmTiles
+
+    shape: dict = {}
+    tiles = []
+    if text.strip() in ("", "default"):
+        return shape
+    tile_names = {f.name for f in dataclasses.fields(GemmTiles)}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key in SHAPE_KEYS:
+            shape[key] = value.strip() if key in ("norm", "order") else int(value)
+        elif key in tile_names:
+            tiles.append((key, int(value)))
+        else:
+            raise ValueError(f"unknown schedule choice {key!r} (know {SHAPE_KEYS} and {sorted(tile_names)})")
+    if tiles:
+        shape["tiles"] = tuple(tiles)
+    return shape
+
 
 def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: int, seed: int,
-                  tile_n: int = 128) -> dict:
+                  schedule: str = "default") -> dict:
     import torch
 
     from benchmarks.sol import cuda_times
     from vllm_megakernel.megakernel import runtime, trace
-    from vllm_megakernel.megakernel.schedule import StepShape, attn_splits_for, build_schedule
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
     from vllm_megakernel.paged_kv import PagedKVSim
 
     sim = PagedKVSim(dims, num_requests=batch, max_len=context + 1, block_size=16, dtype=torch.bfloat16,
@@ -39,9 +69,8 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
         cache.normal_()
     gen = torch.Generator().manual_seed(seed)
     inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in range(batch)])
-    splits = attn_splits_for(context + 1, batch=batch, num_kv_heads=dims.num_kv_heads, num_sms=num_sms)
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, tile_n=tile_n, attn_splits=splits),
-                           *weights.intermediates())
+    shape = StepShape(batch=batch, num_sms=num_sms, **parse_schedule(schedule))
+    sched = build_schedule(dims, shape, *weights.intermediates())
 
     plain = runtime.build_step(sched, weights, inp)
     times = [t * 1e6 for t in cuda_times(lambda: runtime.launch(plain), iters, warmup=3)]  # us
@@ -54,10 +83,17 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     chosen = runtime.routing_log(traced.workspace, dims, batch)
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
-    return {"batch": batch, "context": context, "tile_n": tile_n, "attn_splits": splits, "tasks": len(sched.tasks),
+    rec = traced.trace.cpu()
+    t0 = int(rec[:, 1].min())
+    task_trace = {"sm": rec[:, 0].to(torch.int16), "times_ns": (rec[:, 1:] - t0).to(torch.int32),
+                  "op": torch.tensor([int(t.op) for t in sched.tasks], dtype=torch.int16),
+                  "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16),
+                  "waves": [t.wave for t in sched.tasks]}
+    return {"batch": batch, "context": context, "schedule": schedule, "attn_splits": shape.attn_splits,
+            "tiles": dataclasses.asdict(sched.tiles), "tasks": len(sched.tasks),
             "step_us_median": statistics.median(times), "step_us_min": min(times),
             "traced_step_us": step_us, "distinct_experts": distinct,
-            "waves": [dataclasses.asdict(r) for r in rows]}
+            "waves": [dataclasses.asdict(r) for r in rows], "task_trace": task_trace}
 
 
 def kernel_bytes(config: dict, context: int, batch: int, distinct: float) -> float:
@@ -69,23 +105,62 @@ def kernel_bytes(config: dict, context: int, batch: int, distinct: float) -> flo
     return mb.step_bytes([context] * batch, distinct) - config["vocab_size"] * config["hidden_size"] * 2
 
 
-def report(results: list[dict], bandwidth: float, config: dict) -> str:
-    from vllm_megakernel.megakernel import trace
+def wave_bytes(config: dict, wave: str, context: int, batch: int, distinct: float) -> float:
+    """Bytes a wave must move per layer, averaged over the layers that have it: every weight byte and every
+    K/V byte once (activations, in L2, are not counted)."""
+    from vllm_megakernel.reference import ModelDims
 
+    dims = ModelDims.from_config(config)
+    h, d, e = dims.hidden, dims.head_dim, dims.num_experts
+    i_moe, i_dense = config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0
+    per_layer = []
+    for layer in range(dims.num_layers):
+        dense = dims.dense[layer]
+        window = dims.sliding_window if dims.sliding[layer] else None
+        tokens = min(context + 1, window) if window else context + 1
+        b = {
+            "router": None if dense else e * h,
+            "qkv": (dims.num_heads + 2 * dims.num_kv_heads) * d * h,
+            "o_proj": h * dims.num_heads * d,
+            "mlp_up": 2 * i_dense * h if dense else distinct * 2 * i_moe * h,
+            "mlp_down": h * i_dense if dense else distinct * h * i_moe,
+            "attn_partial": batch * tokens * 2 * dims.num_kv_heads * d,
+        }.get(wave, 0)
+        if b is not None:
+            per_layer.append(2 * b)
+    return statistics.mean(per_layer) if per_layer else 0.0
+
+
+def report(results: list[dict], bandwidth: float, config: dict) -> str:
     lines = [f"HBM copy bandwidth measured in this run: {bandwidth / 1e12:.2f} TB/s", "",
-             "| batch | context | tile_n | splits | tasks | step us (median) | tok/s | distinct experts/layer | "
+             "| batch | context | schedule | splits | tasks | step us (median) | tok/s | distinct experts/layer | "
              "GB read | GB/s | % of copy bandwidth |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         nbytes = kernel_bytes(config, r["context"], r["batch"], r["distinct_experts"])
         gbs = nbytes / (r["step_us_median"] * 1e-6) / 1e9
-        lines.append(f"| {r['batch']} | {r['context']} | {r['tile_n']} | {r['attn_splits']} | {r['tasks']} | "
+        lines.append(f"| {r['batch']} | {r['context']} | {r.get('schedule', 'default')} | {r['attn_splits']} | {r['tasks']} | "
                      f"{r['step_us_median']:.0f} | {r['batch'] / (r['step_us_median'] * 1e-6):.0f} | "
                      f"{r['distinct_experts']:.1f} | {nbytes / 1e9:.2f} | {gbs:.0f} | "
                      f"{100 * gbs * 1e9 / bandwidth:.0f}% |")
     for r in results:
-        rows = [trace.WaveTime(**w) for w in r["waves"]]
-        lines += ["", f"### batch {r['batch']}, context {r['context']}, tile_n {r['tile_n']}", "",
-                  trace.markdown(r["traced_step_us"], rows)]
+        lines += ["", f"### batch {r['batch']}, context {r['context']}, schedule {r.get('schedule', 'default')} "
+                      f"({r['attn_splits']} attention splits)", "",
+                  f"step wall time (traced launch): {r['traced_step_us']:.1f} us", "",
+                  "| wave | opcodes | layers | tasks/layer | SMs | task run us | inputs | stages | tail | task wait us | "
+                  "span us/layer | share | MB/layer | GB/s over span | % of copy |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        other = 0.0
+        for w in r["waves"]:
+            mb = wave_bytes(config, w["wave"], r["context"], r["batch"], r["distinct_experts"])
+            gbs = mb / (w["span_us"] * 1e-6) / 1e9 if w["span_us"] > 0 else 0.0
+            bw = f"{mb / 1e6:.1f} | {gbs:.0f} | {100 * gbs * 1e9 / bandwidth:.0f}%" if mb else "- | - | -"
+            lines.append(f"| {w['wave']} | {w['ops']} | {w['layers']} | {w['tasks_per_layer']:.0f} | {w['sms']} | "
+                         f"{w['run_us']:.1f} | {w.get('inputs_us', 0):.1f} | {w.get('stages_us', 0):.1f} | "
+                         f"{w.get('tail_us', 0):.1f} | {w['wait_us']:.1f} | {w['span_us']:.1f} | "
+                         f"{100 * w['share']:.0f}% | {bw} |")
+            if w["wave"] not in ATTENTION_WAVES:
+                other += w["span_us"] * w["layers"]
+        lines += ["", f"spans of every wave but attention, summed over the step: {other / 1e3:.2f} ms"]
     return "\n".join(lines) + "\n"
 
 
@@ -94,7 +169,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", required=True, help="a config dir (weights are random, made on the GPU)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--context", type=int, default=8192)
-    ap.add_argument("--tile-n", default="128", help="comma-separated GEMM tile widths to compare")
+    ap.add_argument("--schedules", default="default", help="';'-separated schedules to compare (see above)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
@@ -113,17 +188,23 @@ def main(argv=None) -> None:
     weights = ref.Weights.random(dims, moe_i, dense_i, "cuda", seed=args.seed)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
+    schedules = [s.strip() for s in args.schedules.split(";")]
+    for s in schedules:
+        parse_schedule(s)  # a typo fails before minutes of GPU work
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        for tile in (int(x) for x in args.tile_n.split(",")):
-            results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed, tile))
-            print(f"batch {b}, tile_n {tile}: {results[-1]['step_us_median']:.0f} us per step", flush=True)
+        for s in schedules:
+            results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed, s))
+            print(f"batch {b}, schedule {s}: {results[-1]['step_us_median']:.0f} us per step", flush=True)
             torch.cuda.empty_cache()
+    traces = [r.pop("task_trace") for r in results]
+    traces = [t for t, r in zip(traces, results) if r["schedule"] == schedules[0]]  # the first schedule's
     text = report(results, bandwidth, config)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(text)
         (args.out / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": bandwidth, "config": config,
                                                            "results": results}, indent=1))
+        torch.save(traces, args.out / "traces.pt")
     print(text)
 
 

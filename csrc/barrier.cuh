@@ -26,18 +26,30 @@ __device__ __forceinline__ bool aborted(const int* error) {
   return cuda::atomic_ref<const int, cuda::thread_scope_device>(*error).load(cuda::memory_order_relaxed) != 0;
 }
 
-// Called by ONE thread. Returns false when the step was aborted (by this wait or another SM's).
+// This thread's earlier writes are visible device-wide before its later ones (the release half of the
+// barrier protocol; fence.sc, what __threadfence() emits, is stronger than the protocol needs).
+__device__ __forceinline__ void release_fence() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
+// Called by ONE thread. Returns false when the step was aborted (by this wait or another SM's). Polls with
+// relaxed loads and acquires once the count is reached (an acquire load invalidates the SM's L1, so it
+// is not repeated on every poll).
 __device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* error, long long timeout_ns,
                                     const int* desc) {
   if (barrier == abi::kNoBarrier) return true;
   cuda::atomic_ref<int, cuda::thread_scope_device> ctr(barriers[barrier]);
-  int seen = ctr.load(cuda::memory_order_acquire);
-  if (seen >= count) return true;
+  int seen = ctr.load(cuda::memory_order_relaxed);
+  if (seen >= count) {
+    cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+    return true;
+  }
   const unsigned long long start = global_timer_ns();
   while (true) {
     __nanosleep(20);
-    seen = ctr.load(cuda::memory_order_acquire);
-    if (seen >= count) return true;
+    seen = ctr.load(cuda::memory_order_relaxed);
+    if (seen >= count) {
+      cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+      return true;
+    }
     if (aborted(error)) return false;
     if ((long long)(global_timer_ns() - start) > timeout_ns) {
       // First reporter wins; the record is complete before the flag is published.
@@ -56,11 +68,11 @@ __device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* 
   }
 }
 
-// Called by ONE thread after a worker_sync() that follows every worker's writes and __threadfence().
+// Called by ONE thread after a named barrier that follows every writer's release_fence(). A reduction
+// without a return value: the signalling thread does not wait for the count to come back.
 __device__ __forceinline__ void arrive_barrier(int* barriers, int barrier) {
   if (barrier == abi::kNoBarrier) return;
-  cuda::atomic_ref<int, cuda::thread_scope_device> ctr(barriers[barrier]);
-  ctr.fetch_add(1, cuda::memory_order_release);
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(barriers + barrier) : "memory");
 }
 
 }  // namespace vllm_megakernel

@@ -27,6 +27,7 @@ PYBIND11_MODULE(_C, m) {
     info["abi_version"] = vllm_megakernel::abi::kAbiVersion;
     // vLLM's decode may be routed to launch_decode (Python refuses otherwise).
     info["decode_kernel"] = true;
+    info["decode_smem_bytes"] = vllm_megakernel::decode_smem_bytes();
     return info;
   });
 
@@ -50,7 +51,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "launch_decode",
       [](uintptr_t step_table, uintptr_t layer_table, uintptr_t tasks, int max_tasks, int grid, uintptr_t barriers,
-         uintptr_t error, size_t smem_bytes, uintptr_t stream) {
+         uintptr_t error, uintptr_t stream) {
         LaunchArgs a;
         a.step_table = reinterpret_cast<const long long*>(step_table);
         a.layer_table = reinterpret_cast<const long long*>(layer_table);
@@ -59,9 +60,8 @@ PYBIND11_MODULE(_C, m) {
         a.grid = grid;
         a.barriers = reinterpret_cast<int*>(barriers);
         a.error = reinterpret_cast<int*>(error);
-        a.smem_bytes = smem_bytes;
         launch_decode(a, reinterpret_cast<cudaStream_t>(stream));
       },
       py::arg("step_table"), py::arg("layer_table"), py::arg("tasks"), py::arg("max_tasks"), py::arg("grid"),
-      py::arg("barriers"), py::arg("error"), py::arg("smem_bytes"), py::arg("stream"));
+      py::arg("barriers"), py::arg("error"), py::arg("stream"));
 }

@@ -1,5 +1,5 @@
-// Shared by the interpreter and every opcode: the block shape, typed views of the step and layer tables,
-// bf16 helpers, warp reductions and the worker-only named barrier.
+// Shared by the interpreter and every opcode: typed views of the step and layer tables, bf16 helpers and
+// the warp-level mma the GEMM and attention bodies are built from.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,31 +12,54 @@ namespace vllm_megakernel {
 
 using bf16 = __nv_bfloat16;
 
-// Block shape (the "ABI" of every opcode): warp 0 is the controller, warps 1.. are workers.
-constexpr int kWarps = 12;
-constexpr int kThreads = kWarps * 32;
-constexpr int kWorkerWarps = kWarps - 1;
-constexpr int kWorkerThreads = kWorkerWarps * 32;
-constexpr int kRingSlots = 4;  // descriptors the controller may run ahead by
-
-// Workers synchronise among themselves; __syncthreads would also wait for the controller warp.
-__device__ __forceinline__ void worker_sync() {
-  asm volatile("bar.sync 1, %0;" ::"r"(kWorkerThreads) : "memory");
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+// Eight bf16 in one 16-byte vector <-> floats.
+__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __bfloat1622float2(h[i]);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+__device__ __forceinline__ uint4 pack8(const float* f) {
+  uint4 v;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
   return v;
 }
 
-__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Activations are written by other SMs during the launch: plain loads (never the read-only path). The
+// dependency wait's acquire orders them after the producers' writes.
+__device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ void store16(void* p, const uint4& v) { *reinterpret_cast<uint4*>(p) = v; }
+
+// D += A (16x16, row) * B (16x8, col), bf16 in, fp32 accumulate. Fragments as PTX lays them out:
+// with g = lane / 4 and t = lane % 4, a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..],
+// a3 = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; d0,d1 = D[g][2t..2t+1], d2,d3 = D[g+8][..].
+__device__ __forceinline__ void mma_16816(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 
 // Typed view of the step table (abi::S_*), copied to shared memory once per kernel.
 struct Step {
@@ -47,21 +70,20 @@ struct Step {
   __device__ T* ptr(int f) const { return reinterpret_cast<T*>(static_cast<uintptr_t>(w[f])); }
 
   __device__ int batch() const { return (int)w[abi::S_BATCH]; }
-  __device__ int hidden() const { return (int)w[abi::S_HIDDEN]; }
-  __device__ int heads() const { return (int)w[abi::S_NUM_HEADS]; }
-  __device__ int kv_heads() const { return (int)w[abi::S_NUM_KV_HEADS]; }
-  __device__ int head_dim() const { return (int)w[abi::S_HEAD_DIM]; }
-  __device__ int top_k() const { return (int)w[abi::S_TOP_K]; }
-  __device__ int tile_n() const { return (int)w[abi::S_TILE_N]; }
-  __device__ int splits() const { return (int)w[abi::S_ATTN_SPLITS]; }
-  __device__ int slots() const { return (int)w[abi::S_NUM_SLOTS]; }
   __device__ int seq_len(int r) const { return ptr<const int>(abi::S_SEQ_LENS)[r]; }
 
-  // Route buffer: [num_active, slot_expert[slots], slot_count[slots], slot_rows[slots][batch]].
+  // The residual stream and the layer outputs alternate between two buffers by layer parity (layout.py).
+  __device__ bf16* x(int layer) const { return ptr<bf16>(abi::S_X) + (long long)(layer & 1) * batch() * abi::kHidden; }
+  __device__ bf16* o(int layer) const { return ptr<bf16>(abi::S_O) + (long long)(layer & 1) * batch() * abi::kHidden; }
+  __device__ bf16* mlp(int layer) const {
+    return ptr<bf16>(abi::S_MLP) + (long long)(layer & 1) * batch() * abi::kHidden;
+  }
+
+  // Route buffer (layout.route_offsets): num_active, slot_expert[slots], slot_count[slots], slot_rows[slots][B].
   __device__ int* route() const { return ptr<int>(abi::S_ROUTE); }
-  __device__ int* slot_expert() const { return route() + 1; }
-  __device__ int* slot_count() const { return route() + 1 + slots(); }
-  __device__ int* slot_rows(int slot) const { return route() + 1 + 2 * slots() + slot * batch(); }
+  __device__ int* slot_expert() const { return route() + w[abi::S_ROUTE_EXPERT_OFF]; }
+  __device__ int* slot_count() const { return route() + w[abi::S_ROUTE_COUNT_OFF]; }
+  __device__ int* slot_rows(int slot) const { return route() + w[abi::S_ROUTE_ROWS_OFF] + slot * batch(); }
 };
 
 // Typed view of one layer's row of the layer table (abi::L_*).

@@ -1,15 +1,23 @@
 // The persistent decode megakernel: one block per SM walks its own task list for the whole step.
 //
-// Warp 0 (controller) copies upcoming descriptors from global memory into a shared ring of kRingSlots
-// (ring.cuh) so workers never wait on a descriptor fetch. Warps 1.. (workers) take descriptors in order: one worker
-// thread waits on the task's input barriers (bounded, see barrier.cuh), all workers run the opcode body,
-// make their writes visible, and one thread signals the task's barrier. Workers join on a named barrier
-// that leaves the controller out.
+// Roles (roles.cuh): the producer warp fetches this SM's descriptors into the descriptor ring and issues
+// each task's weight / K/V loads into the stage ring as soon as there is room -- ahead of the consumers,
+// across task boundaries, before the tasks' inputs are ready -- so HBM streams while the consumers wait
+// on a dependency or finish the previous task. The consumer warps take descriptors in order: the leader
+// waits (bounded) on the task's input barriers, all consumers run the opcode's compute on the staged tiles,
+// make their writes visible, and the leader signals the task's barrier.
+//
+// Op dispatch is the one table below (MEGAKERNEL_OPS); each opcode is a struct in ops/ with its own shared
+// scratch and its load / compute phases (task.cuh states the contract).
+//
+// Aborts: a dependency wait that times out (or sees another SM's error record) raises the block's abort
+// flag. The consumers learn of a consumer-side abort after a named barrier (all of them at once); the
+// producer and the consumers learn of each other's aborts in the ring waits, which is where the other
+// side would otherwise wait forever. No role reaches a named barrier after leaving, so nothing hangs.
 #include <stdexcept>
 #include <string>
 
 #include "barrier.cuh"
-#include "common.cuh"
 #include "megakernel.cuh"
 #include "ops/attention.cuh"
 #include "ops/dense_ffn.cuh"
@@ -18,114 +26,173 @@
 #include "ops/o_proj.cuh"
 #include "ops/qkv_rope.cuh"
 #include "ops/router.cuh"
-#include "ring.cuh"
 
 namespace vllm_megakernel {
 namespace {
 
-__device__ void run_task(const Step& st, const long long* layer_table, const int* desc, float* smem) {
-  const int op = desc[abi::F_OPCODE];
-  const int layer = desc[abi::F_LAYER];
-  const Layer ly{layer_table + (long long)layer * abi::kLayerWords};
+#define MEGAKERNEL_OPS(X)                                                                                        \
+  X(NORM, NormOp)                                                                                                \
+  X(QKV_ROPE, QkvRopeOp)                                                                                         \
+  X(ROUTER, RouterOp)                                                                                            \
+  X(ROUTER_TOPK, RouterTopkOp)                                                                                   \
+  X(ATTN_PARTIAL, AttnPartialOp)                                                                                 \
+  X(ATTN_COMBINE, AttnCombineOp)                                                                                 \
+  X(O_PROJ, OProjOp)                                                                                             \
+  X(DENSE_UPGATE, DenseUpgateOp)                                                                                 \
+  X(DENSE_DOWN, DenseDownOp)                                                                                     \
+  X(MOE_UPGATE, MoeUpgateOp)                                                                                     \
+  X(MOE_DOWN, MoeDownOp)                                                                                         \
+  X(MOE_COMBINE, MoeCombineOp)
+
+union OpShared {
+#define MEGAKERNEL_SHARED(name, T) T::Shared name;
+  MEGAKERNEL_OPS(MEGAKERNEL_SHARED)
+#undef MEGAKERNEL_SHARED
+};
+
+// Barriers the consumer leader has seen complete this step (a barrier never goes back below its target
+// within a step): a later wait on one of them costs no round trip to L2.
+constexpr int kKnownBarriers = 16384;
+
+struct SharedStorage {
+  PipelineStorage pipe;
+  OpShared op;
+  long long step[abi::kStepWords];
+  uint32_t complete[kKnownBarriers / 32];  // the consumer leader's alone
+  int consumer_abort;  // written by the consumer leader before a consumer_sync, read by consumers after it
+};
+
+// The consumer leader's wait on one of a task's input barriers.
+__device__ __forceinline__ bool wait_input(SharedStorage& S, int* barriers, int barrier, int count, int* error,
+                                           long long timeout_ns, const int* desc) {
+  const bool cacheable = barrier >= 0 && barrier < kKnownBarriers;
+  if (cacheable && (S.complete[barrier >> 5] >> (barrier & 31) & 1u)) return true;
+  if (!wait_barrier(barriers, barrier, count, error, timeout_ns, desc)) return false;
+  if (cacheable) S.complete[barrier >> 5] |= 1u << (barrier & 31);
+  return true;
+}
+
+constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
+static_assert(sizeof(SharedStorage) <= kMaxSharedBytes, "shared memory: rings + the largest op scratch");
+
+__device__ __forceinline__ bool load_task(int op, Producer& p, const Task& t) {
   switch (op) {
-    case abi::OP_EMBED_RMSNORM: op_norm<NormKind::kEmbed>(st, ly.ptr<const bf16>(abi::L_NORM_W)); break;
-    case abi::OP_ADD_RMSNORM: op_norm<NormKind::kAdd>(st, ly.ptr<const bf16>(abi::L_NORM_W)); break;
-    case abi::OP_FINAL_NORM: op_norm<NormKind::kFinal>(st, st.ptr<const bf16>(abi::S_FINAL_NORM)); break;
-    case abi::OP_QKV_ROPE: op_qkv_rope(st, ly, desc, smem); break;
-    case abi::OP_ATTN_PARTIAL: op_attn_partial(st, ly, desc); break;
-    case abi::OP_ATTN_COMBINE: op_attn_combine(st, desc); break;
-    case abi::OP_O_PROJ: op_o_proj(st, ly, desc); break;
-    case abi::OP_DENSE_UPGATE: op_dense_upgate(st, ly, desc, smem); break;
-    case abi::OP_DENSE_DOWN: op_dense_down(st, ly, desc); break;
-    case abi::OP_ROUTER: op_router(st, ly, layer, smem); break;
-    case abi::OP_MOE_UPGATE: op_moe_upgate(st, ly, desc, smem); break;
-    case abi::OP_MOE_DOWN: op_moe_down(st, ly, desc); break;
-    case abi::OP_MOE_COMBINE: op_moe_combine(st, desc); break;
-    default: break;  // unknown opcodes are refused by the host encoder
+#define MEGAKERNEL_LOAD(name, T) \
+  case abi::OP_##name:           \
+    return T::load(p, t);
+    MEGAKERNEL_OPS(MEGAKERNEL_LOAD)
+#undef MEGAKERNEL_LOAD
+    default:
+      return true;  // unknown opcodes are refused by the host encoder
+  }
+}
+
+__device__ __forceinline__ bool compute_task(int op, Consumer& c, const Task& t, OpShared& sh) {
+  switch (op) {
+#define MEGAKERNEL_COMPUTE(name, T) \
+  case abi::OP_##name:              \
+    return T::compute(c, t, sh.name);
+    MEGAKERNEL_OPS(MEGAKERNEL_COMPUTE)
+#undef MEGAKERNEL_COMPUTE
+    default:
+      return true;
+  }
+}
+
+__device__ Layer layer_of(const long long* layer_table, const int* desc) {
+  return Layer{layer_table + (long long)desc[abi::F_LAYER] * abi::kLayerWords};
+}
+
+__device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, const long long* layer_table, const int* my_tasks,
+                             int max_tasks, int* barriers, int* error) {
+  PipelineStorage& pipe = S.pipe;
+  const int lane = Role::lane();
+  Producer p{st, StageProducer{pipe}, barriers, error, st.i(abi::S_TIMEOUT_NS)};
+  int next = my_tasks[lane];  // descriptors are fetched one ahead: the load is in flight while we wait
+  for (int i = 0; i < max_tasks; ++i) {
+    const int word = next;
+    if (i + 1 < max_tasks) next = my_tasks[(long long)(i + 1) * abi::kTaskWords + lane];
+    const int slot = i % kDescSlots;
+    if (!pipe.wait(&pipe.desc_empty[slot], ((i / kDescSlots) & 1) ^ 1)) return;
+    pipe.desc[slot][lane] = word;
+    ptx::mbarrier_arrive(&pipe.desc_full[slot]);  // release: the consumers see the word once the phase completes
+    const int op = __shfl_sync(0xffffffffu, word, 0);
+    if (op == abi::OP_END) return;
+    __syncwarp();  // lane 0 reads the other lanes' words below
+    int ok = 1;
+    if (lane == 0) ok = load_task(op, p, Task{pipe.desc[slot], layer_of(layer_table, pipe.desc[slot])});
+    if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+  }
+}
+
+__device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, const long long* layer_table, int max_tasks,
+                              int* barriers, int* error) {
+  PipelineStorage& pipe = S.pipe;
+  long long* const trace = st.ptr<long long>(abi::S_TRACE);  // null unless profiling
+  Consumer c{st, StageConsumer{pipe}, Role::consumer_warp(), Role::lane(), Role::consumer_thread(), trace != nullptr};
+  const bool leader = Role::consumer_leader();
+  const long long timeout_ns = st.i(abi::S_TIMEOUT_NS);
+  for (int i = 0; i < max_tasks; ++i) {
+    const int slot = i % kDescSlots;
+    if (!pipe.wait(&pipe.desc_full[slot], (i / kDescSlots) & 1)) return;
+    const int* d = pipe.desc[slot];
+    const int op = d[abi::F_OPCODE];
+    if (op == abi::OP_END) return;
+    const Task t{d, layer_of(layer_table, d)};
+    unsigned long long wait_start = 0, run_start = 0;
+    if (leader) {
+      if (trace) wait_start = global_timer_ns();
+      const bool ok = wait_input(S, barriers, d[abi::F_WAIT0_BARRIER], d[abi::F_WAIT0_COUNT], error, timeout_ns, d) &&
+                      wait_input(S, barriers, d[abi::F_WAIT1_BARRIER], d[abi::F_WAIT1_COUNT], error, timeout_ns, d);
+      if (!ok) {
+        S.consumer_abort = 1;
+        pipe.abort = 1;  // and the producer stops waiting for ring space
+      }
+      if (trace) run_start = global_timer_ns();
+    }
+    consumer_sync();
+    if (S.consumer_abort) return;
+    if (!compute_task(op, c, t, S.op)) return;
+    const unsigned long long compute_end = leader && trace ? global_timer_ns() : 0;
+    release_fence();  // this thread's outputs are visible device-wide before the signal below
+    consumer_sync();
+    if (leader) {
+      if (trace) {
+        long long* rec = trace + (long long)d[abi::F_TASK_INDEX] * abi::kTraceWords;
+        rec[abi::T_SM] = blockIdx.x;
+        rec[abi::T_WAIT_START_NS] = (long long)wait_start;
+        rec[abi::T_RUN_START_NS] = (long long)run_start;
+        rec[abi::T_INPUTS_NS] = (long long)c.inputs_ns;
+        rec[abi::T_STAGES_NS] = (long long)c.stages_ns;
+        rec[abi::T_COMPUTE_END_NS] = (long long)compute_end;
+        c.inputs_ns = c.stages_ns = 0;
+        rec[abi::T_END_NS] = (long long)global_timer_ns();
+      }
+      arrive_barrier(barriers, d[abi::F_SIGNAL_BARRIER]);
+    }
+    __syncwarp();  // the warp is done with the descriptor's words
+    if (c.lane == 0) ptx::mbarrier_arrive(&pipe.desc_empty[slot]);
   }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const long long* __restrict__ step_table, const long long* __restrict__ layer_table,
                   const int* __restrict__ tasks, int max_tasks, int* barriers, int* error) {
-  __shared__ long long s_step[abi::kStepWords];
-  __shared__ DescriptorRing ring;
-  // Raised by the worker that saw a dependency wait give up; read by the controller while it waits for a
-  // free slot, so it stops instead of waiting for workers that have left.
-  __shared__ volatile int s_abort;
-  extern __shared__ float smem[];
-
-  for (int i = threadIdx.x; i < abi::kStepWords; i += kThreads) s_step[i] = step_table[i];
+  extern __shared__ __align__(128) uint8_t smem[];
+  SharedStorage& S = *reinterpret_cast<SharedStorage*>(smem);
+  for (int i = threadIdx.x; i < abi::kStepWords; i += kThreads) S.step[i] = step_table[i];
+  for (int i = threadIdx.x; i < kKnownBarriers / 32; i += kThreads) S.complete[i] = 0;
   if (threadIdx.x == 0) {
-    ring.init();
-    s_abort = 0;
+    S.pipe.init();
+    S.consumer_abort = 0;
   }
-  __syncthreads();  // the only full-block barrier: before the roles split
-
-  const int* my_tasks = tasks + (long long)blockIdx.x * max_tasks * abi::kTaskWords;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-  if (warp == 0) {  // controller
-    for (int i = 0; i < max_tasks; ++i) {
-      const int slot = DescriptorRing::slot(i);
-      if (i >= kRingSlots) {  // the slot's previous descriptor (task i - kRingSlots) must have been copied out
-        while (!DescriptorRing::test(&ring.empty[slot], DescriptorRing::parity(i - kRingSlots)))
-          if (s_abort) return;
-      }
-      const int word = my_tasks[(long long)i * abi::kTaskWords + lane];
-      ring.words[slot][lane] = word;
-      DescriptorRing::arrive(&ring.full[slot]);
-      if (__shfl_sync(0xffffffffu, word, 0) == abi::OP_END) return;
-    }
-    return;
-  }
-
-  const Step st{s_step};
-  const long long timeout_ns = s_step[abi::S_TIMEOUT_NS];
-  const bool leader = threadIdx.x == 32;
-  long long* const trace = st.ptr<long long>(abi::S_TRACE);  // null unless profiling
-  __shared__ int s_desc[abi::kTaskWords];
-  for (int i = 0; i < max_tasks; ++i) {
-    if (warp == 1) {  // the first worker warp takes the descriptor out of the ring, a word per lane
-      const int slot = DescriptorRing::slot(i);
-      // No abort check: the controller only ever waits on slots this warp has already freed.
-      while (!DescriptorRing::test(&ring.full[slot], DescriptorRing::parity(i))) {
-      }
-      s_desc[lane] = ring.words[slot][lane];
-      DescriptorRing::arrive(&ring.empty[slot]);
-    }
-    worker_sync();
-    if (s_desc[abi::F_OPCODE] == abi::OP_END) return;
-    // Read now: after the last worker_sync of this task the first worker warp may already be writing the
-    // next descriptor into s_desc.
-    const int signal = s_desc[abi::F_SIGNAL_BARRIER];
-    const int task_index = s_desc[abi::F_TASK_INDEX];
-    unsigned long long wait_start = 0, run_start = 0;
-    if (leader) {
-      if (trace) wait_start = global_timer_ns();
-      const bool ok = wait_barrier(barriers, s_desc[abi::F_WAIT0_BARRIER], s_desc[abi::F_WAIT0_COUNT], error,
-                                   timeout_ns, s_desc) &&
-                      wait_barrier(barriers, s_desc[abi::F_WAIT1_BARRIER], s_desc[abi::F_WAIT1_COUNT], error,
-                                   timeout_ns, s_desc);
-      if (!ok) s_abort = 1;
-      if (trace) run_start = global_timer_ns();
-    }
-    worker_sync();
-    if (s_abort) return;  // the controller sees s_abort too and stops waiting for free slots
-    run_task(st, layer_table, s_desc, smem);
-    __threadfence();  // this thread's outputs are visible device-wide before the signal below
-    worker_sync();
-    if (leader) {
-      if (trace) {
-        long long* rec = trace + (long long)task_index * abi::kTraceWords;
-        rec[abi::T_SM] = blockIdx.x;
-        rec[abi::T_WAIT_START_NS] = (long long)wait_start;
-        rec[abi::T_RUN_START_NS] = (long long)run_start;
-        rec[abi::T_END_NS] = (long long)global_timer_ns();
-      }
-      arrive_barrier(barriers, signal);
-    }
-  }
+  __syncthreads();  // the only block-wide barrier: before the roles split
+  const Step st{S.step};
+  if (Role::producer())
+    run_producer(S, st, layer_table, tasks + (long long)blockIdx.x * max_tasks * abi::kTaskWords, max_tasks,
+                 barriers, error);
+  else
+    run_consumers(S, st, layer_table, max_tasks, barriers, error);
 }
 
 void check(cudaError_t err, const char* what) {
@@ -135,12 +202,15 @@ void check(cudaError_t err, const char* what) {
 
 }  // namespace
 
+size_t decode_smem_bytes() { return sizeof(SharedStorage); }
+
 void launch_decode(const LaunchArgs& a, cudaStream_t stream) {
   if (a.grid <= 0 || a.max_tasks <= 0) throw std::invalid_argument("vllm_megakernel: empty task list");
-  check(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)a.smem_bytes),
+  const size_t smem = decode_smem_bytes();
+  check(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
         "raising the dynamic shared-memory limit");
-  decode_kernel<<<a.grid, kThreads, a.smem_bytes, stream>>>(a.step_table, a.layer_table, a.tasks, a.max_tasks,
-                                                           a.barriers, a.error);
+  decode_kernel<<<a.grid, kThreads, smem, stream>>>(a.step_table, a.layer_table, a.tasks, a.max_tasks, a.barriers,
+                                                    a.error);
   check(cudaGetLastError(), "launching the decode megakernel");
 }
 

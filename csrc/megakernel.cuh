@@ -13,8 +13,10 @@ struct LaunchArgs {
   int grid;                      // persistent blocks, one per SM
   int* barriers;                 // device, zeroed before every step
   int* error;                    // device, abi::kErrorWords int32: flag 0, sm -1 before the step
-  size_t smem_bytes;             // dynamic shared memory the largest opcode needs
 };
+
+// Dynamic shared memory one block of the kernel uses (its rings and the largest opcode's scratch).
+size_t decode_smem_bytes();
 
 // Enqueues one decode step on `stream` (no host synchronisation: capturable in a CUDA graph).
 void launch_decode(const LaunchArgs& args, cudaStream_t stream);

@@ -1,37 +1,63 @@
-// DENSE_UPGATE and DENSE_DOWN: the SwiGLU FFN of the dense prefix layer, one column tile per task.
-// gate_up_w is vLLM's merged [gate; up] weight [2I, H]; the activation is silu(gate) * up in fp32 on the
-// bf16-rounded GEMM outputs, rounded once (vLLM's SiluAndMul).
+// DENSE_UPGATE and DENSE_DOWN: the SwiGLU FFN of the dense prefix layer.
+// gate_up_w is vLLM's merged [gate; up] weight [2I, H]: an up/gate task streams the gate rows of its
+// columns, then the same columns' up rows; the activation is silu(gate) * up in fp32 on the bf16-rounded
+// GEMM outputs, rounded once (vLLM's SiluAndMul).
 #pragma once
 
-#include "../common.cuh"
-#include "gemm_tile.cuh"
+#include "norm.cuh"
 
 namespace vllm_megakernel {
 
-__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
+struct DenseUpgateOp {
+  static constexpr int K = abi::kHidden, RS = abi::kDenseUpStageRows, I = abi::kDenseIntermediate;
+  struct Shared {
+    float part[abi::kPartialFloats];
+    NormScratch norm;
+  };
 
-__device__ void op_dense_upgate(const Step& st, const Layer& ly, const int* desc, float* smem) {
-  const int T = st.tile_n(), n0 = desc[abi::F_DENSE_UPGATE_COL_TILE] * T;
-  const int B = st.batch(), H = st.hidden(), I = (int)st.i(abi::S_DENSE_INTERMEDIATE);
-  const bf16* hn = st.ptr<const bf16>(abi::S_HN);
-  const bf16* w = ly.ptr<const bf16>(abi::L_GATE_UP_W);
-  float* gate = smem;  // [B][T]
-  gemm_tile(hn, H, IdentityRow{}, B, w, H, n0, T, H,
-            [&](int r, int n, float v) { gate[r * T + (n - n0)] = round_bf16(v); });
-  worker_sync();
-  bf16* act = st.ptr<bf16>(abi::S_DACT);
-  gemm_tile(hn, H, IdentityRow{}, B, w, H, I + n0, T, H, [&](int r, int n, float v) {
-    const int c = n - I;
-    act[(long long)r * I + c] = __float2bfloat16(silu(gate[r * T + (c - n0)]) * round_bf16(v));
-  });
-}
+  static __device__ bool load(Producer& p, const Task& t) {
+    const bf16* w = t.ly.ptr<const bf16>(abi::L_GATE_UP_W);
+    const int col0 = t[abi::F_DENSE_UPGATE_COL0], cols = t[abi::F_DENSE_UPGATE_COLS];
+    return load_weight_rows<K, RS>(p, w + (long long)col0 * K, cols) &&
+           load_weight_rows<K, RS>(p, w + (long long)(I + col0) * K, cols);
+  }
 
-__device__ void op_dense_down(const Step& st, const Layer& ly, const int* desc) {
-  const int T = st.tile_n(), n0 = desc[abi::F_DENSE_DOWN_COL_TILE] * T;
-  const int H = st.hidden(), I = (int)st.i(abi::S_DENSE_INTERMEDIATE);
-  bf16* mlp = st.ptr<bf16>(abi::S_MLP);
-  gemm_tile(st.ptr<const bf16>(abi::S_DACT), I, IdentityRow{}, st.batch(), ly.ptr<const bf16>(abi::L_DOWN_W), I,
-            n0, T, I, [&](int r, int n, float v) { mlp[(long long)r * H + n] = __float2bfloat16(v); });
-}
+  static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
+    const int col0 = t[abi::F_DENSE_UPGATE_COL0], cols = t[abi::F_DENSE_UPGATE_COLS], R = 2 * cols;
+    const int B = c.st.batch(), bp = padded_rows(B);
+    if (!hidden_gemm<RS>(c, t, t[abi::F_DENSE_UPGATE_NORM] != 0, R, sh.part, sh.norm, nullptr, nullptr)) return false;
+    bf16* act = c.st.ptr<bf16>(abi::S_DACT);
+    for (int idx = c.thread; idx < cols * B; idx += kConsumerThreads) {
+      const int j = idx % cols, b = idx / cols;
+      const float gate = round_bf16(sh.part[j * bp + b]);
+      const float up = round_bf16(sh.part[(cols + j) * bp + b]);
+      act[(long long)b * I + col0 + j] = __float2bfloat16(silu(gate) * up);
+    }
+    return true;
+  }
+};
+
+struct DenseDownOp {
+  static constexpr int K = abi::kDenseIntermediate, RS = abi::kDenseDownStageRows;
+  struct Shared {
+    float part[abi::kPartialFloats];
+  };
+
+  static __device__ bool load(Producer& p, const Task& t) {
+    const bf16* w = t.ly.ptr<const bf16>(abi::L_DOWN_W) + (long long)t[abi::F_DENSE_DOWN_ROW0] * K;
+    return load_weight_rows<K, RS>(p, w, t[abi::F_DENSE_DOWN_ROWS]);
+  }
+
+  static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
+    const int row0 = t[abi::F_DENSE_DOWN_ROW0], R = t[abi::F_DENSE_DOWN_ROWS], B = c.st.batch(), bp = padded_rows(B);
+    if (!gemm_task<K, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_DACT), K, B}, B, R, sh.part)) return false;
+    bf16* mlp = c.st.mlp(t.layer());
+    for (int idx = c.thread; idx < R * B; idx += kConsumerThreads) {
+      const int r = idx % R, b = idx / R;
+      mlp[(long long)b * abi::kHidden + row0 + r] = __float2bfloat16(sh.part[r * bp + b]);
+    }
+    return true;
+  }
+};
 
 }  // namespace vllm_megakernel

@@ -1,73 +1,109 @@
-// MOE_UPGATE, MOE_DOWN, MOE_COMBINE: the routed experts over the ROUTER's work list.
+// MOE_UPGATE, MOE_DOWN, MOE_COMBINE: the routed experts over ROUTER_TOPK's work list.
 //
 // Rows are (token * K + k) pairs, so every (token, expert) pair owns one row of act and expert_out and no
-// two tasks write the same row. An expert task whose slot is past num_active has nothing to do; it still
-// signals its barrier (the host derived the counts from the slot count, not from routing).
+// two tasks write the same row. Which expert a slot holds is this step's data: the producer waits on the
+// layer's routing (the descriptor's load_wait) before it can stream the expert's weights, and both sides
+// read the same route words after that wait, so they agree on whether the slot has work at all. An expert
+// task whose slot is past num_active loads and computes nothing; it still signals its barrier (the host
+// derived the counts from the slot count, not from routing).
 #pragma once
 
-#include "../common.cuh"
-#include "dense_ffn.cuh"
-#include "gemm_tile.cuh"
+#include "gemm.cuh"
 
 namespace vllm_megakernel {
 
-struct SlotRow {  // r-th row of a slot -> its (token * K + k) pair row
-  const int* rows;
-  __device__ int operator()(int r) const { return rows[r]; }
-};
+struct MoeUpgateOp {
+  static constexpr int K = abi::kHidden, RS = abi::kMoeUpStageRows, I = abi::kMoeIntermediate;
+  struct Shared {
+    float part[abi::kPartialFloats];
+  };
 
-struct SlotToken {  // r-th row of a slot -> its token (row of hn)
-  const int* rows;
-  int K;
-  __device__ int operator()(int r) const { return rows[r] / K; }
-};
-
-__device__ void op_moe_upgate(const Step& st, const Layer& ly, const int* desc, float* smem) {
-  const int slot = desc[abi::F_MOE_UPGATE_SLOT];
-  if (slot >= st.route()[0]) return;
-  const int T = st.tile_n(), n0 = desc[abi::F_MOE_UPGATE_COL_TILE] * T;
-  const int H = st.hidden(), I = (int)st.i(abi::S_MOE_INTERMEDIATE), K = st.top_k();
-  const int e = st.slot_expert()[slot], count = st.slot_count()[slot];
-  const int* rows = st.slot_rows(slot);
-  const bf16* w = ly.ptr<const bf16>(abi::L_W13) + (long long)e * 2 * I * H;
-  const bf16* hn = st.ptr<const bf16>(abi::S_HN);
-  float* gate = smem;  // [count][T]
-  gemm_tile(hn, H, SlotToken{rows, K}, count, w, H, n0, T, H,
-            [&](int r, int n, float v) { gate[r * T + (n - n0)] = round_bf16(v); });
-  worker_sync();
-  bf16* act = st.ptr<bf16>(abi::S_ACT);
-  gemm_tile(hn, H, SlotToken{rows, K}, count, w, H, I + n0, T, H, [&](int r, int n, float v) {
-    const int c = n - I;
-    act[(long long)rows[r] * I + c] = __float2bfloat16(silu(gate[r * T + (c - n0)]) * round_bf16(v));
-  });
-}
-
-__device__ void op_moe_down(const Step& st, const Layer& ly, const int* desc) {
-  const int slot = desc[abi::F_MOE_DOWN_SLOT];
-  if (slot >= st.route()[0]) return;
-  const int T = st.tile_n(), n0 = desc[abi::F_MOE_DOWN_COL_TILE] * T;
-  const int H = st.hidden(), I = (int)st.i(abi::S_MOE_INTERMEDIATE);
-  const int e = st.slot_expert()[slot], count = st.slot_count()[slot];
-  const int* rows = st.slot_rows(slot);
-  bf16* eout = st.ptr<bf16>(abi::S_EOUT);
-  gemm_tile(st.ptr<const bf16>(abi::S_ACT), I, SlotRow{rows}, count,
-            ly.ptr<const bf16>(abi::L_W2) + (long long)e * H * I, I, n0, T, I,
-            [&](int r, int n, float v) { eout[(long long)rows[r] * H + n] = __float2bfloat16(v); });
-}
-
-__device__ void op_moe_combine(const Step& st, const int* desc) {
-  const int T = st.tile_n(), n0 = desc[abi::F_MOE_COMBINE_COL_TILE] * T;
-  const int B = st.batch(), H = st.hidden(), K = st.top_k();
-  const float* topk_w = st.ptr<const float>(abi::S_TOPK_W);
-  const bf16* eout = st.ptr<const bf16>(abi::S_EOUT);
-  bf16* mlp = st.ptr<bf16>(abi::S_MLP);
-  for (int idx = threadIdx.x - 32; idx < B * T; idx += kWorkerThreads) {
-    const int r = idx / T, n = n0 + idx % T;
-    float acc = 0.f;
-    if (st.seq_len(r) > 0)  // padding rows were not routed
-      for (int k = 0; k < K; ++k) acc += topk_w[r * K + k] * __bfloat162float(eout[(long long)(r * K + k) * H + n]);
-    mlp[(long long)r * H + n] = __float2bfloat16(acc);
+  static __device__ bool load(Producer& p, const Task& t) {
+    if (!p.load_wait(t)) return false;
+    const int slot = t[abi::F_MOE_UPGATE_SLOT];
+    if (slot >= p.st.route()[0]) return true;
+    const int col0 = t[abi::F_MOE_UPGATE_COL0], cols = t[abi::F_MOE_UPGATE_COLS];
+    const bf16* w = t.ly.ptr<const bf16>(abi::L_W13) + (long long)p.st.slot_expert()[slot] * 2 * I * K;
+    return load_weight_rows<K, RS>(p, w + (long long)col0 * K, cols) &&
+           load_weight_rows<K, RS>(p, w + (long long)(I + col0) * K, cols);
   }
-}
+
+  static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
+    const int slot = t[abi::F_MOE_UPGATE_SLOT];
+    if (slot >= c.st.route()[0]) return true;
+    const int col0 = t[abi::F_MOE_UPGATE_COL0], cols = t[abi::F_MOE_UPGATE_COLS], R = 2 * cols;
+    const int count = c.st.slot_count()[slot], bp = padded_rows(count);
+    const int* rows = c.st.slot_rows(slot);
+    const GatheredRows src{c.st.ptr<const bf16>(abi::S_HN), K, count, rows, abi::kTopK};
+    if (!gemm_task<K, RS>(c, src, count, R, sh.part)) return false;
+    bf16* act = c.st.ptr<bf16>(abi::S_ACT);
+    for (int idx = c.thread; idx < cols * count; idx += kConsumerThreads) {
+      const int j = idx % cols, b = idx / cols;
+      const float gate = round_bf16(sh.part[j * bp + b]);
+      const float up = round_bf16(sh.part[(cols + j) * bp + b]);
+      act[(long long)rows[b] * I + col0 + j] = __float2bfloat16(silu(gate) * up);
+    }
+    return true;
+  }
+};
+
+struct MoeDownOp {
+  static constexpr int K = abi::kMoeIntermediate, RS = abi::kMoeDownStageRows;
+  struct Shared {
+    float part[abi::kPartialFloats];
+  };
+
+  static __device__ bool load(Producer& p, const Task& t) {
+    if (!p.load_wait(t)) return false;
+    const int slot = t[abi::F_MOE_DOWN_SLOT];
+    if (slot >= p.st.route()[0]) return true;
+    const bf16* w = t.ly.ptr<const bf16>(abi::L_W2) +
+                    ((long long)p.st.slot_expert()[slot] * abi::kHidden + t[abi::F_MOE_DOWN_ROW0]) * K;
+    return load_weight_rows<K, RS>(p, w, t[abi::F_MOE_DOWN_ROWS]);
+  }
+
+  static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
+    const int slot = t[abi::F_MOE_DOWN_SLOT];
+    if (slot >= c.st.route()[0]) return true;
+    const int row0 = t[abi::F_MOE_DOWN_ROW0], R = t[abi::F_MOE_DOWN_ROWS];
+    const int count = c.st.slot_count()[slot], bp = padded_rows(count);
+    const int* rows = c.st.slot_rows(slot);
+    const GatheredRows src{c.st.ptr<const bf16>(abi::S_ACT), K, count, rows, 1};
+    if (!gemm_task<K, RS>(c, src, count, R, sh.part)) return false;
+    bf16* eout = c.st.ptr<bf16>(abi::S_EOUT);
+    for (int idx = c.thread; idx < R * count; idx += kConsumerThreads) {
+      const int r = idx % R, b = idx / R;
+      eout[(long long)rows[b] * abi::kHidden + row0 + r] = __float2bfloat16(sh.part[r * bp + b]);
+    }
+    return true;
+  }
+};
+
+// MOE_COMBINE: columns [col0, col0 + cols) of mlp[b] = sum_k weight[b, k] * expert_out[b * K + k] in fp32.
+struct MoeCombineOp {
+  struct Shared {};
+  static __device__ bool load(Producer&, const Task&) { return true; }
+  static __device__ bool compute(Consumer& c, const Task& t, Shared&) {
+    const int col0 = t[abi::F_MOE_COMBINE_COL0], vecs = t[abi::F_MOE_COMBINE_COLS] / 8, B = c.st.batch();
+    const float* topk_w = c.st.ptr<const float>(abi::S_TOPK_W);
+    const bf16* eout = c.st.ptr<const bf16>(abi::S_EOUT);
+    bf16* mlp = c.st.mlp(t.layer());
+    for (int idx = c.thread; idx < B * vecs; idx += kConsumerThreads) {
+      const int b = idx / vecs, col = col0 + (idx % vecs) * 8;
+      float acc[8] = {};
+      if (c.st.seq_len(b) > 0) {  // padding rows were not routed
+        for (int k = 0; k < abi::kTopK; ++k) {
+          float e[8];
+          const float w = topk_w[b * abi::kTopK + k];
+          unpack8(load16(eout + (long long)(b * abi::kTopK + k) * abi::kHidden + col), e);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[j] += w * e[j];
+        }
+      }
+      store16(mlp + (long long)b * abi::kHidden + col, pack8(acc));
+    }
+    return true;
+  }
+};
 
 }  // namespace vllm_megakernel

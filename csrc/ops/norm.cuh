@@ -1,48 +1,190 @@
-// EMBED_RMSNORM, ADD_RMSNORM, FINAL_NORM: the residual stream and the one RMSNorm per layer.
-// One warp per batch row; each lane owns the same strided columns in both passes, so it re-reads only
-// values it wrote itself. Numerics follow vLLM: the parallel block's residual is added as
-// (x + attn) + mlp with bf16 rounding after each add; RMSNorm computes in fp32 and rounds once.
+// The residual stream and the one RMSNorm per layer.
+//
+// x_l is the embedding on layer 0, else (x + o) + mlp of layer l - 1, rounded to bf16 after each add (the
+// order vLLM adds the parallel block in); hn_l = bf16(norm_w * (x_l * rsqrt(mean(x_l^2) + eps))) in fp32.
+//
+// Two ways to run it (layout.fold_norm): batches that fit the GEMM's register tiles fold it into the
+// tasks that read hn (load_normed: each QKV / router / dense up task computes its warp slices of x_l and
+// hn_l itself, one consumer_sync to add up the sum of squares, and one task of the wave stores x_l or hn);
+// larger batches run NORM tasks over row chunks first. NORM with `final` set is the model's final norm
+// (its output rows of padding requests are zeros).
 #pragma once
 
-#include "../common.cuh"
+#include "gemm.cuh"
 
 namespace vllm_megakernel {
 
-enum class NormKind { kEmbed, kAdd, kFinal };
+// Sum of squares of eight bf16 values, in fp32.
+__device__ __forceinline__ float sumsq8(const uint4& v) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+  }
+  return ss;
+}
 
-template <NormKind kind>
-__device__ void op_norm(const Step& st, const bf16* norm_w) {
-  const int warp = threadIdx.x / 32 - 1, lane = threadIdx.x % 32;
-  const int B = st.batch(), H = st.hidden();
-  const float eps = (float)st.f64(abi::S_EPS_F64);
-  bf16* x = st.ptr<bf16>(abi::S_X);
-  const bf16* embed = st.ptr<const bf16>(abi::S_EMBED);
-  const int* ids = st.ptr<const int>(abi::S_INPUT_IDS);
-  const bf16* o = st.ptr<const bf16>(abi::S_O);
-  const bf16* mlp = st.ptr<const bf16>(abi::S_MLP);
-  bf16* dst = st.ptr<bf16>(kind == NormKind::kFinal ? abi::S_OUT : abi::S_HN);
-  for (int r = warp; r < B; r += kWorkerWarps) {
-    bf16* xr = x + (long long)r * H;
-    float ss = 0.f;
-    for (int i = lane; i < H; i += 32) {
-      float v;
-      if constexpr (kind == NormKind::kEmbed) {
-        v = __bfloat162float(__ldg(embed + (long long)ids[r] * H + i));
-      } else {
-        const long long at = (long long)r * H + i;
-        v = round_bf16(__bfloat162float(xr[i]) + __bfloat162float(o[at]));
-        v = round_bf16(v + __bfloat162float(mlp[at]));
-      }
-      xr[i] = __float2bfloat16(v);
-      ss += v * v;
+// (x + o) + m on eight bf16 values with a bf16 rounding after each add: a bf16 add rounds the exact sum
+// once, which is what rounding the fp32 sum of two bf16 values gives (vLLM adds in bf16).
+__device__ __forceinline__ uint4 residual_add8(const uint4& x, const uint4& o, const uint4& m) {
+  uint4 r;
+  const __nv_bfloat162 *hx = reinterpret_cast<const __nv_bfloat162*>(&x), *ho = reinterpret_cast<const __nv_bfloat162*>(&o),
+                       *hm = reinterpret_cast<const __nv_bfloat162*>(&m);
+  __nv_bfloat162* hr = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) hr[i] = __hadd2(__hadd2(hx[i], ho[i]), hm[i]);
+  return r;
+}
+
+// bf16(w * (x * inv)) on eight values, in fp32 (the RMSNorm's scale).
+__device__ __forceinline__ uint4 scale8(const uint4& x, const uint4& w, float inv) {
+  uint4 r;
+  const __nv_bfloat162 *hx = reinterpret_cast<const __nv_bfloat162*>(&x), *hw = reinterpret_cast<const __nv_bfloat162*>(&w);
+  __nv_bfloat162* hr = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 fx = __bfloat1622float2(hx[i]), fw = __bfloat1622float2(hw[i]);
+    hr[i] = __floats2bfloat162_rn(fw.x * (fx.x * inv), fw.y * (fx.y * inv));
+  }
+  return r;
+}
+
+// N eight-column vectors of x_l for batch row b, at columns col(j), as bf16; returns their sum of squares.
+// Every load is issued before the first one is used (the loads are the whole cost: one round trip to L2),
+// and the arithmetic stays on packed bf16 pairs: this code runs once per layer per SM, cold in the
+// instruction cache, so its length is its latency.
+template <int N, class Col>
+__device__ __forceinline__ float residual_vectors(const Step& st, int layer, int b, Col col, uint4 (&v)[N]) {
+  float ss = 0.f;
+  if (layer == 0) {
+    const int id = st.ptr<const int>(abi::S_INPUT_IDS)[b];
+    const bf16* row = st.ptr<const bf16>(abi::S_EMBED) + (long long)id * abi::kHidden;
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = __ldg(reinterpret_cast<const uint4*>(row + col(j)));
+  } else {
+    const long long at = (long long)b * abi::kHidden;
+    const bf16 *x = st.x(layer - 1) + at, *o = st.o(layer - 1) + at, *m = st.mlp(layer - 1) + at;
+    uint4 ov[N], mv[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      v[j] = load16(x + col(j));
+      ov[j] = load16(o + col(j));
+      mv[j] = load16(m + col(j));
     }
-    const float inv = rsqrtf(warp_sum(ss) / H + eps);
-    const bool zero = kind == NormKind::kFinal && st.seq_len(r) == 0;  // padding rows return zeros
-    for (int i = lane; i < H; i += 32) {
-      const float v = __bfloat162float(xr[i]);
-      dst[(long long)r * H + i] = __float2bfloat16(zero ? 0.f : __bfloat162float(__ldg(norm_w + i)) * (v * inv));
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = residual_add8(v[j], ov[j], mv[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) ss += sumsq8(v[j]);
+  return ss;
+}
+
+struct NormScratch {
+  float sumsq[kConsumerWarps][kMaxRegisterRows];
+};
+
+// The warp's register slice of hn_l for batch rows g (+8), computed from the residual stream. Stores x_l
+// (store_x) or hn_l (store_hn) for those rows and columns when asked. Contains a consumer_sync.
+template <int MH>
+__device__ void load_normed(ActTile<abi::kHidden, MH>& a, const Consumer& c, const Task& t, NormScratch& sh,
+                            bf16* store_x, bf16* store_hn) {
+  using Tile = ActTile<abi::kHidden, MH>;
+  const int B = c.st.batch(), layer = t.layer(), g = c.lane >> 2;
+  const auto col = [&](int k) { return Tile::col(c.warp, c.lane, k); };
+#pragma unroll
+  for (int h = 0; h < MH; ++h) {
+    const int b = g + 8 * h;
+    float ss = 0.f;
+    if (b < B) {
+      ss = residual_vectors<Tile::KCH>(c.st, layer, b, col, a.v[h]);
+      if (store_x)
+#pragma unroll
+        for (int k = 0; k < Tile::KCH; ++k) store16(store_x + (long long)b * abi::kHidden + col(k), a.v[h][k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < Tile::KCH; ++k) a.v[h][k] = make_uint4(0, 0, 0, 0);
+    }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    if ((c.lane & 3) == 0) sh.sumsq[c.warp][b] = ss;
+  }
+  // The norm weights of this lane's columns, fetched while the sums of squares are gathered.
+  const bf16* w = t.ly.ptr<const bf16>(abi::L_NORM_W);
+  uint4 wv[Tile::KCH];
+#pragma unroll
+  for (int k = 0; k < Tile::KCH; ++k) wv[k] = __ldg(reinterpret_cast<const uint4*>(w + col(k)));
+  consumer_sync();
+  const float eps = (float)c.st.f64(abi::S_EPS_F64);
+#pragma unroll
+  for (int h = 0; h < MH; ++h) {
+    const int b = g + 8 * h;
+    if (b >= B) continue;
+    float total = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < kConsumerWarps; ++ww) total += sh.sumsq[ww][b];
+    const float inv = rsqrtf(total / abi::kHidden + eps);
+#pragma unroll
+    for (int k = 0; k < Tile::KCH; ++k) {
+      a.v[h][k] = scale8(a.v[h][k], wv[k], inv);
+      if (store_hn) store16(store_hn + (long long)b * abi::kHidden + col(k), a.v[h][k]);
     }
   }
 }
+
+// A GEMM over K = hidden whose activation rows are hn_l computed on the fly (batch <= 16). Leaves the
+// sums as gemm_task does.
+template <int RS>
+__device__ bool normed_gemm(Consumer& c, const Task& t, int R, float* part, NormScratch& sh, bf16* store_x,
+                            bf16* store_hn) {
+  const int B = c.st.batch(), bp = padded_rows(B), nstages = R / RS;
+  if (B <= 8) {
+    ActTile<abi::kHidden, 1> a;
+    load_normed(a, c, t, sh, store_x, store_hn);
+    return gemm_stages<abi::kHidden, RS, 1>(c, a, nstages, part, R, bp);
+  }
+  ActTile<abi::kHidden, 2> a;
+  load_normed(a, c, t, sh, store_x, store_hn);
+  return gemm_stages<abi::kHidden, RS, 2>(c, a, nstages, part, R, bp);
+}
+
+// Activation rows of a hidden-wide GEMM: hn_l folded in (norm) or read from the workspace.
+template <int RS>
+__device__ bool hidden_gemm(Consumer& c, const Task& t, bool norm, int R, float* part, NormScratch& sh,
+                            bf16* store_x, bf16* store_hn) {
+  if (norm) return normed_gemm<RS>(c, t, R, part, sh, store_x, store_hn);
+  const int B = c.st.batch();
+  return gemm_task<abi::kHidden, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_HN), abi::kHidden, B}, B, R, part);
+}
+
+// NORM: one warp per batch row of the task's chunk (at most kConsumerWarps rows).
+struct NormOp {
+  struct Shared {};
+  static __device__ bool load(Producer&, const Task&) { return true; }
+  static __device__ bool compute(Consumer& c, const Task& t, Shared&) {
+    const int b = t[abi::F_NORM_ROW0] + c.warp;
+    if (c.warp >= t[abi::F_NORM_ROWS]) return true;
+    const int layer = t.layer();
+    const bool final = t[abi::F_NORM_FINAL] != 0;
+    constexpr int kPerLane = abi::kHidden / (32 * 8);  // 16-byte vectors per lane
+    const auto col = [&](int j) { return (j * 32 + c.lane) * 8; };
+    const bf16* w = final ? c.st.ptr<const bf16>(abi::S_FINAL_NORM) : t.ly.ptr<const bf16>(abi::L_NORM_W);
+    uint4 v[kPerLane], wv[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) wv[j] = __ldg(reinterpret_cast<const uint4*>(w + col(j)));
+    const float ss = residual_vectors<kPerLane>(c.st, layer, b, col, v);
+    const float inv = rsqrtf(warp_sum(ss) / abi::kHidden + (float)c.st.f64(abi::S_EPS_F64));
+    bf16* dst = c.st.ptr<bf16>(final ? abi::S_OUT : abi::S_HN) + (long long)b * abi::kHidden;
+    bf16* x = c.st.x(layer) + (long long)b * abi::kHidden;
+    const bool zero = final && c.st.seq_len(b) == 0;  // padding rows return zeros
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      store16(x + col(j), v[j]);
+      store16(dst + col(j), zero ? make_uint4(0, 0, 0, 0) : scale8(v[j], wv[j], inv));
+    }
+    return true;
+  }
+};
 
 }  // namespace vllm_megakernel

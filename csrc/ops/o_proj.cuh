@@ -1,17 +1,31 @@
-// O_PROJ: one column tile of o_out = attn_out @ Wo^T, for every row.
+// O_PROJ: rows [row0, row0 + rows) of o_out = attn_out @ Wo^T (the columns of the layer's o buffer).
 #pragma once
 
-#include "../common.cuh"
-#include "gemm_tile.cuh"
+#include "gemm.cuh"
 
 namespace vllm_megakernel {
 
-__device__ void op_o_proj(const Step& st, const Layer& ly, const int* desc) {
-  const int T = st.tile_n(), n0 = desc[abi::F_O_PROJ_COL_TILE] * T;
-  const int H = st.hidden(), K = st.heads() * st.head_dim();
-  bf16* o = st.ptr<bf16>(abi::S_O);
-  gemm_tile(st.ptr<const bf16>(abi::S_ATTN), K, IdentityRow{}, st.batch(), ly.ptr<const bf16>(abi::L_O_W), K,
-            n0, T, K, [&](int r, int n, float v) { o[(long long)r * H + n] = __float2bfloat16(v); });
-}
+struct OProjOp {
+  static constexpr int K = abi::kNumHeads * abi::kHeadDim, RS = abi::kOStageRows;
+  struct Shared {
+    float part[abi::kPartialFloats];
+  };
+
+  static __device__ bool load(Producer& p, const Task& t) {
+    const bf16* w = t.ly.ptr<const bf16>(abi::L_O_W) + (long long)t[abi::F_O_PROJ_ROW0] * K;
+    return load_weight_rows<K, RS>(p, w, t[abi::F_O_PROJ_ROWS]);
+  }
+
+  static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
+    const int row0 = t[abi::F_O_PROJ_ROW0], R = t[abi::F_O_PROJ_ROWS], B = c.st.batch(), bp = padded_rows(B);
+    if (!gemm_task<K, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_ATTN), K, B}, B, R, sh.part)) return false;
+    bf16* o = c.st.o(t.layer());
+    for (int idx = c.thread; idx < R * B; idx += kConsumerThreads) {
+      const int r = idx % R, b = idx / R;
+      o[(long long)b * abi::kHidden + row0 + r] = __float2bfloat16(sh.part[r * bp + b]);
+    }
+    return true;
+  }
+};
 
 }  // namespace vllm_megakernel

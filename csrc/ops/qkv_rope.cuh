@@ -1,59 +1,70 @@
-// QKV_ROPE: one head (head_dim output columns) of [q;k;v] = hn @ Wqkv^T for every row, then interleaved
-// (GPT-J) RoPE on q and k when the layer has it; q goes to the workspace, k and v straight into vLLM's
-// paged cache at the row's slot (slot -1 = padding row: nothing is written).
+// QKV_ROPE: rows [row0, row0 + rows) of [q;k;v] = hn @ Wqkv^T for every batch row, then interleaved (GPT-J)
+// RoPE on q and k rows where the layer has it; q goes to the workspace, k and v straight into vLLM's paged
+// cache at the row's slot (slot -1 = padding row: nothing is written). A tile never splits a RoPE pair
+// (pairs are (2i, 2i+1) of a head and tiles start on even rows). The GEMM output is rounded to bf16 before
+// RoPE, like vLLM's linear layer output.
 #pragma once
 
-#include "../common.cuh"
-#include "gemm_tile.cuh"
+#include "norm.cuh"
 
 namespace vllm_megakernel {
 
-__device__ void op_qkv_rope(const Step& st, const Layer& ly, const int* desc, float* smem) {
-  const int head = desc[abi::F_QKV_ROPE_HEAD];
-  const int B = st.batch(), H = st.hidden(), D = st.head_dim(), Hq = st.heads(), Hkv = st.kv_heads();
-  const bf16* hn = st.ptr<const bf16>(abi::S_HN);
-  const bf16* w = ly.ptr<const bf16>(abi::L_QKV_W);
-  float* y = smem;  // [B][D], rounded to bf16 like vLLM's GEMM output
-  gemm_tile(hn, H, IdentityRow{}, B, w, H, head * D, D, H,
-            [&](int r, int n, float v) { y[r * D + (n - head * D)] = round_bf16(v); });
-  worker_sync();
-  const bool rotate = ly.i(abi::L_ROPE) && head < Hq + Hkv;
-  const int tid = threadIdx.x - 32;
-  if (rotate) {
-    const float theta = (float)st.f64(abi::S_ROPE_THETA_F64);
-    const long long* pos = st.ptr<const long long>(abi::S_POSITIONS);
-    for (int idx = tid; idx < B * (D / 2); idx += kWorkerThreads) {
-      const int r = idx / (D / 2), i = idx % (D / 2);
-      const float inv_freq = 1.f / powf(theta, (2.f * i) / D);
-      float s, c;
-      sincosf((float)pos[r] * inv_freq, &s, &c);
-      const float a = y[r * D + 2 * i], b = y[r * D + 2 * i + 1];
-      y[r * D + 2 * i] = a * c - b * s;
-      y[r * D + 2 * i + 1] = a * s + b * c;
+struct QkvRopeOp {
+  static constexpr int K = abi::kHidden, RS = abi::kQkvStageRows;
+  struct Shared {
+    float part[abi::kPartialFloats];
+    NormScratch norm;
+  };
+
+  static __device__ bool load(Producer& p, const Task& t) {
+    const bf16* w = t.ly.ptr<const bf16>(abi::L_QKV_W) + (long long)t[abi::F_QKV_ROPE_ROW0] * K;
+    return load_weight_rows<K, RS>(p, w, t[abi::F_QKV_ROPE_ROWS]);
+  }
+
+  static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
+    const int layer = t.layer(), row0 = t[abi::F_QKV_ROPE_ROW0], R = t[abi::F_QKV_ROPE_ROWS];
+    const int B = c.st.batch(), bp = padded_rows(B);
+    bf16* store_x = t[abi::F_QKV_ROPE_WRITE_X] ? c.st.x(layer) : nullptr;
+    if (!hidden_gemm<RS>(c, t, t[abi::F_QKV_ROPE_NORM] != 0, R, sh.part, sh.norm, store_x, nullptr)) return false;
+
+    constexpr int D = abi::kHeadDim, Hq = abi::kNumHeads, Hkv = abi::kNumKvHeads;
+    const bool rope = t.ly.i(abi::L_ROPE) != 0;
+    const float theta = (float)c.st.f64(abi::S_ROPE_THETA_F64);
+    const long long* pos = c.st.ptr<const long long>(abi::S_POSITIONS);
+    bf16* q = c.st.ptr<bf16>(abi::S_Q);
+    bf16* cache = t.ly.ptr<bf16>(abi::L_KV_CACHE);
+    const long long* slots = t.ly.ptr<const long long>(abi::L_SLOT_MAPPING);
+    const int bs = (int)c.st.i(abi::S_BLOCK_SIZE);
+    const long long s_block = t.ly.i(abi::L_KV_STRIDE_BLOCK), s_kv = t.ly.i(abi::L_KV_STRIDE_KV),
+                    s_tok = t.ly.i(abi::L_KV_STRIDE_TOKEN), s_head = t.ly.i(abi::L_KV_STRIDE_HEAD);
+    for (int idx = c.thread; idx < (R / 2) * B; idx += kConsumerThreads) {
+      const int pr = idx / B, b = idx % B;
+      const int n = row0 + 2 * pr, head = n / D, d = n % D;
+      float v0 = round_bf16(sh.part[(2 * pr) * bp + b]);
+      float v1 = round_bf16(sh.part[(2 * pr + 1) * bp + b]);
+      if (rope && head < Hq + Hkv) {
+        const float inv_freq = 1.f / powf(theta, (float)d / D);  // theta^(-2i/D) for the pair i = d / 2
+        float s, co;
+        sincosf((float)pos[b] * inv_freq, &s, &co);
+        const float r0 = v0 * co - v1 * s, r1 = v0 * s + v1 * co;
+        v0 = r0;
+        v1 = r1;
+      }
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(v0, v1);
+      if (head < Hq) {
+        *reinterpret_cast<__nv_bfloat162*>(q + ((long long)b * Hq + head) * D + d) = pair;
+        continue;
+      }
+      const long long slot = slots[b];
+      if (slot < 0) continue;
+      const int kv = head < Hq + Hkv ? 0 : 1, g = head - Hq - kv * Hkv;
+      *reinterpret_cast<__nv_bfloat162*>(cache + (slot / bs) * s_block + kv * s_kv + (slot % bs) * s_tok +
+                                         g * s_head + d) = pair;
     }
-    worker_sync();
+    // The new K/V is read next by the attention tasks' bulk copies (the async proxy).
+    ptx::fence_proxy_async(ptx::space_global);
+    return true;
   }
-  if (head < Hq) {
-    bf16* q = st.ptr<bf16>(abi::S_Q);
-    for (int idx = tid; idx < B * D; idx += kWorkerThreads) {
-      const int r = idx / D, i = idx % D;
-      q[((long long)r * Hq + head) * D + i] = __float2bfloat16(y[idx]);
-    }
-    return;
-  }
-  const int kv = head < Hq + Hkv ? 0 : 1;
-  const int g = head - Hq - kv * Hkv;
-  bf16* cache = ly.ptr<bf16>(abi::L_KV_CACHE);
-  const long long* slots = ly.ptr<const long long>(abi::L_SLOT_MAPPING);
-  const int bs = (int)st.i(abi::S_BLOCK_SIZE);
-  const long long s_block = ly.i(abi::L_KV_STRIDE_BLOCK), s_kv = ly.i(abi::L_KV_STRIDE_KV),
-                  s_tok = ly.i(abi::L_KV_STRIDE_TOKEN), s_head = ly.i(abi::L_KV_STRIDE_HEAD);
-  for (int idx = tid; idx < B * D; idx += kWorkerThreads) {
-    const int r = idx / D, i = idx % D;
-    const long long slot = slots[r];
-    if (slot < 0) continue;
-    cache[(slot / bs) * s_block + kv * s_kv + (slot % bs) * s_tok + g * s_head + i] = __float2bfloat16(y[idx]);
-  }
-}
+};
 
 }  // namespace vllm_megakernel

@@ -1,81 +1,127 @@
-// ROUTER: router logits, sigmoid, top-k and the layer's expert work list, in one task (B*K <= 512 pairs).
+// ROUTER and ROUTER_TOPK: the MoE layer's expert choice, spread over many SMs and then gathered.
 //
-// Logits are rounded to bf16 (vLLM's gate is a bf16 linear) and scored with sigmoid in fp32; the top-k
-// weights are renormalised only when the config says so (North Mini Code: no). The work list gives each
-// chosen expert a slot, in ascending expert order, with its (token * K + k) rows in ascending order; slots
-// past num_active stay empty, and the expert tasks of those slots return at once. Padding rows
-// (seq_len 0) are not routed.
+// ROUTER: expert rows [row0, row0 + rows) of the router GEMM; logits are rounded to bf16 (vLLM's gate is a
+// bf16 linear) and scored with sigmoid in fp32 into the scores buffer. In the folded form its first task
+// also stores hn for the layer's expert up/gate tasks.
+// ROUTER_TOPK: per batch row the k best scores (lowest expert id on ties), their weights (renormalised
+// only when the config says so; North Mini Code: no), and the layer's expert work list: each chosen expert
+// gets a slot in ascending expert order, with its (token * K + k) rows in ascending order; slots past
+// num_active stay empty and the expert tasks of those slots return at once. Padding rows (seq_len 0) are
+// not routed.
 #pragma once
 
 #include <math_constants.h>
 
-#include "../common.cuh"
-#include "gemm_tile.cuh"
+#include "norm.cuh"
 
 namespace vllm_megakernel {
 
-__device__ void op_router(const Step& st, const Layer& ly, int layer, float* smem) {
-  const int B = st.batch(), H = st.hidden(), E = (int)st.i(abi::S_NUM_EXPERTS), K = st.top_k();
-  float* scores = smem;                                       // [B][E]
-  int* chosen = reinterpret_cast<int*>(smem + B * E);          // [B][K]
-  int* counts = chosen + B * K;                                // [E]
-  gemm_tile(st.ptr<const bf16>(abi::S_HN), H, IdentityRow{}, B, ly.ptr<const bf16>(abi::L_ROUTER_W), H, 0, E, H,
-            [&](int r, int n, float v) { scores[r * E + n] = 1.f / (1.f + expf(-round_bf16(v))); });
-  worker_sync();
-  const int warp = threadIdx.x / 32 - 1, lane = threadIdx.x % 32;
-  float* topk_w = st.ptr<float>(abi::S_TOPK_W);
-  int* route_log = st.ptr<int>(abi::S_ROUTE_LOG);
-  const bool renorm = st.i(abi::S_NORM_TOPK_PROB) != 0;
-  for (int r = warp; r < B; r += kWorkerWarps) {
-    float total = 0.f;
-    for (int k = 0; k < K; ++k) {  // k-th largest: warp arg-max, lowest expert id on ties
-      float best = -CUDART_INF_F;
-      int best_e = E;
-      for (int e = lane; e < E; e += 32) {
-        const float s = scores[r * E + e];
-        if (s > best) best = s, best_e = e;
-      }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-        if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
-      }
-      __syncwarp();  // every lane has read this round's scores before lane 0 knocks out the winner
-      if (lane == 0) {
-        chosen[r * K + k] = best_e;
-        topk_w[r * K + k] = best;
-        if (route_log) route_log[((long long)layer * B + r) * K + k] = best_e;
-        scores[r * E + best_e] = -CUDART_INF_F;
-      }
-      total += best;
-      __syncwarp();
-    }
-    if (renorm && lane == 0)
-      for (int k = 0; k < K; ++k) topk_w[r * K + k] /= total;
+struct RouterOp {
+  static constexpr int K = abi::kHidden, RS = abi::kRouterStageRows;
+  struct Shared {
+    float part[abi::kPartialFloats];
+    NormScratch norm;
+  };
+
+  static __device__ bool load(Producer& p, const Task& t) {
+    const bf16* w = t.ly.ptr<const bf16>(abi::L_ROUTER_W) + (long long)t[abi::F_ROUTER_ROW0] * K;
+    return load_weight_rows<K, RS>(p, w, t[abi::F_ROUTER_ROWS]);
   }
-  worker_sync();
-  if (threadIdx.x == 32) {  // the work list: a counting sort of (token, k) pairs by expert
-    for (int e = 0; e < E; ++e) counts[e] = 0;
-    for (int r = 0; r < B; ++r)
-      if (st.seq_len(r) > 0)
-        for (int k = 0; k < K; ++k) counts[chosen[r * K + k]]++;
-    int* slot_expert = st.slot_expert();
-    int* slot_count = st.slot_count();
-    int active = 0;
-    for (int e = 0; e < E; ++e) {
-      if (counts[e] == 0) continue;
-      slot_expert[active] = e;
-      slot_count[active] = 0;
-      counts[e] = active++;  // from here on: the expert's slot
+
+  static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
+    const int row0 = t[abi::F_ROUTER_ROW0], R = t[abi::F_ROUTER_ROWS], B = c.st.batch(), bp = padded_rows(B);
+    bf16* store_hn = t[abi::F_ROUTER_WRITE_HN] ? c.st.ptr<bf16>(abi::S_HN) : nullptr;
+    if (!hidden_gemm<RS>(c, t, t[abi::F_ROUTER_NORM] != 0, R, sh.part, sh.norm, nullptr, store_hn)) return false;
+    float* scores = c.st.ptr<float>(abi::S_SCORES);
+    for (int idx = c.thread; idx < R * B; idx += kConsumerThreads) {
+      const int r = idx % R, b = idx / R;
+      const float logit = round_bf16(sh.part[r * bp + b]);
+      scores[b * abi::kNumExperts + row0 + r] = 1.f / (1.f + expf(-logit));
     }
-    for (int r = 0; r < B; ++r)
-      if (st.seq_len(r) > 0)
-        for (int k = 0; k < K; ++k) {
-          const int slot = counts[chosen[r * K + k]];
-          st.slot_rows(slot)[slot_count[slot]++] = r * K + k;
+    return true;
+  }
+};
+
+struct RouterTopkOp {
+  static constexpr int E = abi::kNumExperts, K = abi::kTopK, kPerLane = E / 32;
+  static_assert(E % 32 == 0, "experts are dealt to lanes");
+  struct Shared {
+    int chosen[abi::kMaxBatch * abi::kTopK];
+    int count[abi::kNumExperts];
+    int slot[abi::kNumExperts];
+  };
+
+  static __device__ bool load(Producer&, const Task&) { return true; }
+
+  static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
+    const int B = c.st.batch(), layer = t.layer();
+    const float* scores = c.st.ptr<const float>(abi::S_SCORES);
+    float* topk_w = c.st.ptr<float>(abi::S_TOPK_W);
+    int* route_log = c.st.ptr<int>(abi::S_ROUTE_LOG);
+    const bool renorm = c.st.i(abi::S_NORM_TOPK_PROB) != 0;
+    for (int e = c.thread; e < E; e += kConsumerThreads) sh.count[e] = 0;
+    for (int r = c.warp; r < B; r += kConsumerWarps) {
+      float s[kPerLane];
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) s[j] = scores[r * E + c.lane + 32 * j];
+      float total = 0.f, mine = 0.f;  // lane k keeps the k-th weight
+#pragma unroll 1
+      for (int k = 0; k < K; ++k) {  // k-th largest: warp arg-max, lowest expert id on ties
+        float best = -CUDART_INF_F;
+        int best_e = E;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j)
+          if (s[j] > best) best = s[j], best_e = c.lane + 32 * j;  // j ascending: ties keep the lower id
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+          const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+          if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
         }
-    st.route()[0] = active;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j)
+          if (best_e == c.lane + 32 * j) s[j] = -CUDART_INF_F;  // knocked out for the next round
+        if (c.lane == k) mine = best;
+        total += best;
+        if (c.lane == 0) {
+          sh.chosen[r * K + k] = best_e;
+          if (route_log) route_log[((long long)layer * B + r) * K + k] = best_e;
+        }
+      }
+      if (c.lane < K) topk_w[r * K + c.lane] = renorm ? mine / total : mine;
+    }
+    consumer_sync();
+    for (int p = c.thread; p < B * K; p += kConsumerThreads)
+      if (c.st.seq_len(p / K) > 0) atomicAdd(&sh.count[sh.chosen[p]], 1);
+    consumer_sync();
+    int* slot_expert = c.st.slot_expert();
+    int* slot_count = c.st.slot_count();
+    if (c.warp == 0) {  // slots in ascending expert order: an exclusive scan of "chosen at all"
+      int base = 0;
+      for (int e0 = 0; e0 < E; e0 += 32) {
+        const int e = e0 + c.lane, n = sh.count[e];
+        const unsigned used = __ballot_sync(0xffffffffu, n > 0);
+        const int slot = base + __popc(used & ((1u << c.lane) - 1));
+        sh.slot[e] = n > 0 ? slot : -1;
+        if (n > 0) {
+          slot_expert[slot] = e;
+          slot_count[slot] = n;
+        }
+        base += __popc(used);
+      }
+      if (c.lane == 0) c.st.route()[0] = base;
+    }
+    consumer_sync();
+    for (int e = c.thread; e < E; e += kConsumerThreads) {  // each expert's rows, ascending
+      const int slot = sh.slot[e];
+      if (slot < 0) continue;
+      int* rows = c.st.slot_rows(slot);
+      int n = 0;
+      for (int p = 0; p < B * K; ++p)
+        if (sh.chosen[p] == e && c.st.seq_len(p / K) > 0) rows[n++] = p;
+    }
+    return true;
   }
-}
+};
 
 }  // namespace vllm_megakernel

@@ -3,11 +3,12 @@ tensors (built on CPU tensors here; only addresses and integers are involved).""
 
 import struct
 
+import pytest
 import torch
 
 from conftest import TINY_CONFIG
 from vllm_megakernel import reference as ref
-from vllm_megakernel.megakernel import abi, runtime
+from vllm_megakernel.megakernel import abi, layout, runtime
 from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 from vllm_megakernel.paged_kv import PagedKVSim
 
@@ -20,13 +21,21 @@ def test_tables_point_at_weights_caches_and_vllm_buffers(tiny_checkpoint):
     inp = sim.step([1, 2, None])
     inp.input_ids = inp.input_ids.to(torch.int32)  # vLLM's dtypes: the tables must reference, not copy
     inp.seq_lens = inp.seq_lens.to(torch.int32)
-    sched = build_schedule(dims, StepShape(batch=3, num_sms=4, tile_n=16, attn_splits=2), *w.intermediates())
+    sched = build_schedule(dims, StepShape(batch=3, num_sms=4, attn_splits=2, attn_min_tiles=3), *w.intermediates())
     step = runtime.build_step(sched, w, inp, timeout_s=1.5)
 
     s = dict(zip(abi.STEP_FIELDS, step.step_table.tolist()))
-    assert (s["batch"], s["hidden"], s["head_dim"], s["tile_n"], s["attn_splits"]) == (3, 64, 16, 16, 2)
+    assert (s["batch"], s["attn_splits"], s["attn_min_tiles"], s["num_slots"]) == (3, 2, 3, sched.num_slots)
     assert struct.unpack("<d", struct.pack("<q", s["eps_f64"]))[0] == dims.eps
     assert s["timeout_ns"] == 1_500_000_000 and s["block_size"] == 4
+    off = layout.route_offsets(dims, 3)
+    assert (s["route_expert_off"], s["route_count_off"], s["route_rows_off"]) == (off["expert"], off["count"], off["rows"])
+    for name, (shape, _) in layout.workspace_spec(dims, 3, 2, *w.intermediates()).items():
+        assert s[name] == step.workspace[name].data_ptr() and step.view(name).shape == shape
+    # the tiny model is not the shape the kernel is compiled for: tables build, the launch refuses
+    assert any("hidden=64" in r for r in step.unsupported)
+    with pytest.raises(ValueError, match="compiled for another model shape"):
+        runtime.launch(step)
     assert s["input_ids"] == inp.input_ids.data_ptr() and s["positions"] == inp.positions.data_ptr()
     assert s["seq_lens"] == inp.seq_lens.data_ptr() and s["embed"] == w.embed.data_ptr()
     assert s["out"] == step.workspace["out"].data_ptr() and s["route_log"] == 0

@@ -8,9 +8,9 @@ import torch
 
 from conftest import FULL_CONFIG, TINY_CONFIG
 from vllm_megakernel import reference as ref
-from vllm_megakernel.megakernel import simulate
+from vllm_megakernel.megakernel import layout, simulate
 from vllm_megakernel.megakernel.abi import NO_BARRIER, Op
-from vllm_megakernel.megakernel.schedule import StepShape, build_schedule, moe_slots
+from vllm_megakernel.megakernel.schedule import MOE_ONLY_WAVES, WAVE_ORDERS, StepShape, build_schedule, moe_slots
 from vllm_megakernel.paged_kv import PagedKVSim
 
 TINY_I, TINY_DENSE_I = 32, 96  # intermediate_size, prefix_dense_intermediate_size of the tiny config
@@ -22,11 +22,11 @@ def dims():
 
 
 def tiny_schedule(dims, batch, num_sms=5, splits=2):
-    return build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, tile_n=16, attn_splits=splits),
+    return build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=1),
                           TINY_I, TINY_DENSE_I)
 
 
-@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("batch", [1, 3, 8, 20])
 @pytest.mark.parametrize("order", ["round_robin", "random", "reverse"])
 def test_every_barrier_reaches_exactly_its_target(dims, batch, order):
     s = tiny_schedule(dims, batch)
@@ -34,41 +34,104 @@ def test_every_barrier_reaches_exactly_its_target(dims, batch, order):
     assert sorted(done) == list(range(len(s.tasks)))
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 20])
 def test_no_two_conflicting_tasks_are_unordered(dims, batch):
     simulate.check_races(tiny_schedule(dims, batch))
 
 
-def test_waves_follow_the_named_order_within_a_layer(dims):
-    s = tiny_schedule(dims, 2)
+def layer_waves(s, layer):
     waves = []
     for t in s.tasks:
-        if t.layer == 1 and (not waves or waves[-1] != t.wave):
+        if t.layer == layer and (not waves or waves[-1] != t.wave):
             waves.append(t.wave)
-    assert waves == ["norm", "qkv", "router", "attn_partial", "mlp_up", "attn_combine", "mlp_down",
-                     "o_proj", "moe_combine"]
+    return waves
+
+
+def test_waves_follow_the_named_order_within_a_layer(dims):
+    s = tiny_schedule(dims, 2)
+    assert layer_waves(s, 1) == ["router", "qkv", "router_topk", "attn_partial", "mlp_up", "attn_combine",
+                                 "mlp_down", "o_proj", "moe_combine"]
+    assert layer_waves(s, 0) == ["qkv", "attn_partial", "mlp_up", "attn_combine", "mlp_down", "o_proj"]
+    assert layer_waves(s, dims.num_layers) == ["final_norm"]
     assert {t.sm for t in s.tasks} == set(range(5))  # round-robin reaches every SM
+
+
+@pytest.mark.parametrize("order", sorted(WAVE_ORDERS))
+def test_every_named_wave_order_is_a_complete_race_free_schedule(dims, weights, order):
+    """The wave orders kernel_profile compares: each lays a layer's waves out as named, deadlock-free under
+    any interleaving, race-free, and computes the same step."""
+    s = build_schedule(dims, StepShape(batch=3, num_sms=5, attn_splits=2, attn_min_tiles=1, order=order),
+                       TINY_I, TINY_DENSE_I)
+    assert layer_waves(s, 1) == list(WAVE_ORDERS[order])
+    assert layer_waves(s, 0) == [w for w in WAVE_ORDERS[order] if w not in MOE_ONLY_WAVES]
+    simulate.run(s, order="random", seed=3)
+    simulate.check_races(s)
+    sim = PagedKVSim(dims, num_requests=3, max_len=40, block_size=4, seed=5)
+    sim.fill_history([30, 9, 0], generator=torch.Generator().manual_seed(5))
+    inp = sim.step([7, 8, None])
+    base = build_schedule(dims, StepShape(batch=3, num_sms=5, attn_splits=2, attn_min_tiles=1), TINY_I, TINY_DENSE_I)
+    torch.testing.assert_close(simulate.decode_step(s, weights, clone_inputs(inp)),
+                               simulate.decode_step(base, weights, clone_inputs(inp)), atol=0, rtol=0)
+
+
+def test_small_batches_fold_the_norm_and_large_ones_run_a_norm_wave(dims):
+    """No single-SM norm task on a layer's critical path at small batches: the qkv / router / dense up
+    tasks compute it (one of each wave stores x or hn); above the register batch a norm wave of row
+    chunks runs first and everyone reads hn."""
+    small = tiny_schedule(dims, layout.REGISTER_BATCH)
+    assert not any(t.op == Op.NORM and t.layer < dims.num_layers for t in small.tasks)
+    for layer in (0, 1):
+        qkv = [t for t in small.tasks if t.layer == layer and t.op == Op.QKV_ROPE]
+        assert all(t.fields["norm"] for t in qkv) and sum(t.fields["write_x"] for t in qkv) == 1
+    routers = [t for t in small.tasks if t.layer == 1 and t.op == Op.ROUTER]
+    assert sum(t.fields["write_hn"] for t in routers) == 1
+    big = tiny_schedule(dims, layout.REGISTER_BATCH + 1)
+    norms = [t for t in big.tasks if t.layer == 1 and t.op == Op.NORM]
+    assert len(norms) == 3 and sum(t.fields["rows"] for t in norms) == layout.REGISTER_BATCH + 1
+    assert not any(t.fields.get("norm") for t in big.tasks if t.op != Op.NORM)
 
 
 def test_barrier_targets_are_derived_from_the_schedule(dims):
     B, K = 3, dims.top_k
     s = tiny_schedule(dims, B, splits=2)
     by_name = {b.name: b.target for b in s.barriers}
-    group = dims.num_heads // dims.num_kv_heads
-    assert by_name["L1.qkv.g0"] == group + 2  # its query heads, its k head, its v head
-    assert by_name["L1.attn.r2.g1"] == 2  # one per split
-    assert by_name["L1.attn_combine"] == B * dims.num_kv_heads
-    assert by_name["L1.moe_up.s0"] == TINY_I // 16
-    assert by_name["L1.moe_down"] == moe_slots(dims, B) * dims.hidden // 16
+    tiles = s.tiles
+    qkv_rows = (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
+    assert by_name["L1.qkv"] == qkv_rows // tiles.qkv_rows
+    assert by_name["L1.router"] == dims.num_experts // tiles.router_rows
+    assert by_name["L1.route"] == 1
+    assert by_name["L1.attn"] == B * 2  # one per (request, split)
+    assert by_name["L1.attn_combine"] == B * dims.num_heads // s.combine_heads
+    assert by_name["L1.moe_up.s0"] == TINY_I // tiles.moe_up_cols
+    assert by_name["L1.moe_down"] == moe_slots(dims, B) * dims.hidden // tiles.moe_down_rows
     assert moe_slots(dims, B) == min(dims.num_experts, B * K)
-    assert by_name["L0.dense_up"] == TINY_DENSE_I // 16
+    assert by_name["L0.dense_up"] == TINY_DENSE_I // tiles.dense_up_cols
+
+
+def test_the_producer_waits_only_on_barriers_of_earlier_tasks(dims):
+    """Expert tasks stream their expert's weights after the layer's routing, and the attention task the
+    new token's K/V after the layer's qkv; pointing a producer wait at a later barrier is refused."""
+    s = tiny_schedule(dims, 2)
+    route = {t.layer: t.signal for t in s.tasks if t.op == Op.ROUTER_TOPK}
+    for t in s.tasks:
+        if t.op in (Op.MOE_UPGATE, Op.MOE_DOWN):
+            assert t.load_wait == route[t.layer]
+        elif t.op == Op.ATTN_PARTIAL:
+            assert t.load_wait == t.waits[0]
+        else:
+            assert t.load_wait == NO_BARRIER
+    victim = next(t for t in s.tasks if t.op == Op.MOE_UPGATE and t.layer == 1)
+    victim.load_wait = next(t.signal for t in s.tasks if t.op == Op.O_PROJ and t.layer == 1)
+    with pytest.raises(simulate.Deadlock, match="the producer of task"):
+        simulate.run(s)
 
 
 def test_a_missing_signal_is_reported_as_a_deadlock_naming_the_barrier(dims):
     s = tiny_schedule(dims, 2)
     victim = next(t for t in s.tasks if t.op == Op.MOE_UPGATE and t.layer == 2)
     victim.signal = NO_BARRIER  # the target stays, one arrival goes missing
-    with pytest.raises(simulate.Deadlock, match=r"waits on L2\.moe_up\.s0: expected 2, seen 1"):
+    n = TINY_I // s.tiles.moe_up_cols
+    with pytest.raises(simulate.Deadlock, match=rf"waits on L2\.moe_up\.s0: expected {n}, seen {n - 1}"):
         simulate.run(s)
 
 
@@ -109,12 +172,15 @@ def clone_inputs(inp):
     return dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
 
 
-@pytest.mark.parametrize("batch, splits, order", [(1, 1, "round_robin"), (4, 3, "random"), (5, 2, "reverse")])
+@pytest.mark.parametrize("batch, splits, order", [(1, 1, "round_robin"), (4, 3, "random"), (5, 2, "reverse"),
+                                                  (19, 2, "random")])
 def test_step_through_schedule_matches_reference(dims, weights, batch, splits, order):
-    """Ragged lengths (below, at and above the window), one padding row, KV written through the cache."""
+    """Ragged lengths (below, at and above the window), one padding row, KV written through the cache;
+    batch 19 runs the norm wave instead of the folded norm and the GEMMs' grouped form."""
     gen = torch.Generator().manual_seed(batch * 10 + splits)
     window = dims.sliding_window
-    lengths = [1, window, window + 1, 3 * window + 2][: batch - 1] if batch > 1 else [2 * window + 3]
+    lengths = [1, window, window + 1, 3 * window + 2] * 5
+    lengths = lengths[: batch - 1] if batch > 1 else [2 * window + 3]
     sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
     # fill each request's history with the reference, one token at a time
     for step in range(max(lengths)):
@@ -127,7 +193,7 @@ def test_step_through_schedule_matches_reference(dims, weights, batch, splits, o
     inp = sim.step(toks)
     ref_inp, mk_inp = clone_inputs(inp), clone_inputs(inp)
     expected = ref.decode_step(dims, weights, ref_inp)
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=7, tile_n=16, attn_splits=splits),
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=7, attn_splits=splits, attn_min_tiles=1),
                            *weights.intermediates())
     got = simulate.decode_step(sched, weights, mk_inp, order=order, seed=splits)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -139,15 +205,20 @@ def test_step_through_schedule_matches_reference(dims, weights, batch, splits, o
 def test_full_model_schedule_at_batch_1_is_consistent():
     """North Mini Code itself: 49 layers, 132 SMs -- counts, deadlock freedom, races, the ABI encoding."""
     full = ref.ModelDims.from_config(FULL_CONFIG)
-    s = build_schedule(full, StepShape(batch=1, num_sms=132, tile_n=128, attn_splits=8), 768, 3072)
+    s = build_schedule(full, StepShape(batch=1, num_sms=132), 768, 3072)
     simulate.run(s, order="random", seed=0)
     simulate.check_races(s)
     enc = s.encode()
     assert enc.shape[0] == 132 and enc.shape[2] == 32
     assert int((enc[:, :, 0] != 0).sum()) == len(s.tasks)
     per_layer = sum(1 for t in s.tasks if t.layer == 5)
-    # qkv 40 + router 1 + attn 4*8 + up 8*6 + combine 4 + down 8*16 + o 16 + moe combine 16 + norm 1
-    assert per_layer == 40 + 1 + 32 + 48 + 4 + 128 + 16 + 16 + 1
+    # router 128/8 + qkv 5120/40 + top-k 1 + attention 128 splits + up 8 experts * 768/16 + down 8 * 2048/64
+    # + combine 32 heads + o 2048/16 + moe combine 2048/128
+    assert s.shape.attn_splits == 128 and s.combine_heads == 1
+    assert per_layer == 16 + 128 + 1 + 128 + 8 * 48 + 8 * 32 + 32 + 128 + 16
+    # one task per stage-aligned row run: the tiles are whole stages of the compiled row lengths
+    for name, rows in layout.compiled_stage_rows().items():
+        assert rows in (4, 8, 16), name
 
 
 def test_replaying_the_reference_routing_reproduces_it(dims, weights):
@@ -166,15 +237,28 @@ def test_replaying_the_reference_routing_reproduces_it(dims, weights):
     assert len(routing) == sum(not d for d in dims.dense)
 
 
-def test_attention_splits_follow_context_and_shrink_with_batch():
-    from vllm_megakernel.megakernel.schedule import attn_splits_for
-
-    assert attn_splits_for(1000) == 1 and attn_splits_for(8192) == 8 and attn_splits_for(262144) == 16
-    # 132 SMs, 4 KV heads: batch 1 keeps the context's splits, batch 64 needs few
-    assert attn_splits_for(262144, batch=1, num_kv_heads=4, num_sms=132) == 16
-    assert attn_splits_for(262144, batch=8, num_kv_heads=4, num_sms=132) == 9
-    assert attn_splits_for(262144, batch=64, num_kv_heads=4, num_sms=132) == 2
-    assert attn_splits_for(1000, batch=1, num_kv_heads=4, num_sms=132) == 1
+def test_attention_splits_give_every_sm_work_and_follow_the_live_length():
+    """About one (request, split) task per SM; a split covers whole 16-token tiles, at least min_tiles of
+    them, so short contexts use fewer splits (the rest return at once) and the splits cover exactly the
+    visible positions."""
+    assert layout.attn_splits_for(1, 132) == 128 and layout.attn_splits_for(8, 132) == 17
+    assert layout.attn_splits_for(64, 132) == 3
+    assert layout.attn_split_tiles(0, None, 8, 2) == (0, 0, 0)  # padding row
+    assert layout.attn_split_tiles(1, None, 8, 2) == (0, 2, 1)
+    assert layout.attn_split_tiles(8192 + 1, None, 128, 2) == (0, 5, 103)
+    assert layout.attn_split_tiles(1000, None, 128, 2) == (0, 2, 32)
+    for seq_len, window, splits in [(1, None, 4), (17, None, 4), (4097, 4096, 128), (9000, 4096, 3), (33, 32, 2),
+                                    (131073, None, 128)]:
+        first, per, used = layout.attn_split_tiles(seq_len, window, splits, 2)
+        assert used <= splits and per >= 2
+        start, end = layout.visible_range(seq_len, window)
+        covered = []
+        for s in range(used):
+            lo = max(start, (first + s * per) * layout.ATTN_TILE)
+            hi = min(end, (first + (s + 1) * per) * layout.ATTN_TILE)
+            assert lo < hi  # every split in use holds visible keys
+            covered += range(lo, hi)
+        assert covered == list(range(start, end))
 
 
 def wave_boundaries(sched):
@@ -220,7 +304,8 @@ def test_workspace_round_trip_resumes_the_step_exactly(dims, weights):
     sim = PagedKVSim(dims, num_requests=batch, max_len=40, block_size=4, seed=5)
     sim.fill_history([30, 9, 0], generator=torch.Generator().manual_seed(5))
     inp = sim.step([7, 8, None])
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=5, tile_n=16, attn_splits=2), *weights.intermediates())
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1),
+                           *weights.intermediates())
     whole = simulate.decode_step(sched, weights, clone_inputs(inp))
 
     moe_layer = next(i for i, d in enumerate(dims.dense) if not d)
@@ -228,7 +313,7 @@ def test_workspace_round_trip_resumes_the_step_exactly(dims, weights):
     first = clone_inputs(inp)
     a = simulate.Numerics(sched, weights, first)
     simulate.run(sched.truncated(cut), a)
-    ws = runtime.allocate_workspace(dims, batch, 2, *weights.intermediates(), device="cpu", dtype=torch.float32)
+    ws = runtime.allocate_workspace(dims, [(batch, 2)], *weights.intermediates(), device="cpu", dtype=torch.float32)
     a.store_workspace(ws)
     assert int(ws["route"][0]) == len(a.slot_expert) > 0
     b = simulate.Numerics(sched, weights, first)

@@ -31,26 +31,30 @@ def synthetic_records(sched, run_ns, wait_ns, gap_ns=100):
             if current is not None:
                 t = wave_start + wait_ns[current[1]] + run_ns[current[1]] + gap_ns
             current, wave_start = key, t
-        rec[task.index] = torch.tensor([task.sm, wave_start, wave_start + wait_ns[task.wave],
-                                        wave_start + wait_ns[task.wave] + run_ns[task.wave]])
+        start = wave_start + wait_ns[task.wave]
+        end = start + run_ns[task.wave]
+        rec[task.index] = torch.tensor([task.sm, wave_start, start, start + 100, start + 400, end - 200, end])
     return rec
 
 
 def test_wave_summary_recovers_run_wait_span_and_share(dims):
-    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, tile_n=16, attn_splits=2), TINY_I, TINY_DENSE_I)
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
     waves = sorted({t.wave for t in sched.tasks})
     run_ns = {w: 1000 * (i + 1) for i, w in enumerate(waves)}
     wait_ns = {w: 500 for w in waves}
     step_us, rows = trace.summarize(sched, synthetic_records(sched, run_ns, wait_ns))
     by = {r.wave: r for r in rows}
-    assert [r.wave for r in rows][:2] == ["norm", "qkv"]  # step order
+    assert [r.wave for r in rows][:2] == ["qkv", "attn_partial"]  # step order
     for w in waves:
         assert by[w].run_us == pytest.approx(run_ns[w] / 1e3)
         assert by[w].wait_us == pytest.approx(0.5)
+        assert by[w].tail_us == pytest.approx(0.2)
+        assert (by[w].inputs_us, by[w].stages_us) == (pytest.approx(0.1), pytest.approx(0.3))
         assert by[w].span_us == pytest.approx(run_ns[w] / 1e3)  # tasks of one layer run side by side
     layers_of = {w: len({t.layer for t in sched.tasks if t.wave == w}) for w in waves}
     assert by["qkv"].layers == dims.num_layers and by["router"].layers == sum(not d for d in dims.dense)
-    assert by["qkv"].tasks_per_layer == dims.num_heads + 2 * dims.num_kv_heads
+    qkv_rows = (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
+    assert by["qkv"].tasks_per_layer == qkv_rows // sched.tiles.qkv_rows
     assert by["qkv"].sms == 5
     assert sum(r.share for r in rows) < 1.0  # gaps and waits are not any wave's span
     busy = sum(layers_of[w] * run_ns[w] for w in waves) / 1e3
@@ -60,7 +64,7 @@ def test_wave_summary_recovers_run_wait_span_and_share(dims):
 
 
 def test_an_unfinished_or_mismatched_trace_is_refused(dims):
-    sched = build_schedule(dims, StepShape(batch=1, num_sms=3, tile_n=16), TINY_I, TINY_DENSE_I)
+    sched = build_schedule(dims, StepShape(batch=1, num_sms=3), TINY_I, TINY_DENSE_I)
     rec = torch.zeros(len(sched.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64)
     with pytest.raises(ValueError, match="no trace record"):
         trace.summarize(sched, rec)
@@ -75,14 +79,25 @@ def test_profile_report_bandwidth_arithmetic(dims):
     from benchmarks.sol import ModelBytes
 
     config = json.loads((TINY_CONFIG / "config.json").read_text())
-    result = {"batch": 2, "context": 100, "tile_n": 16, "attn_splits": 1, "tasks": 10, "step_us_median": 50.0,
-              "step_us_min": 49.0, "traced_step_us": 51.0, "distinct_experts": 7.0, "waves": []}
+    qkv = {"wave": "qkv", "ops": "QKV_ROPE", "layers": 6, "tasks_per_layer": 6, "sms": 5, "run_us": 1.0,
+           "inputs_us": 0.1, "stages_us": 0.3, "tail_us": 0.2, "wait_us": 0.5, "span_us": 2.0, "share": 0.1}
+    attn = dict(qkv, wave="attn_partial", ops="ATTN_PARTIAL", span_us=3.0)
+    result = {"batch": 2, "context": 100, "attn_splits": 1, "tasks": 10, "step_us_median": 50.0,
+              "step_us_min": 49.0, "traced_step_us": 51.0, "distinct_experts": 7.0, "waves": [qkv, attn]}
     nbytes = kernel_profile.kernel_bytes(config, 100, 2, 7.0)
     mb = ModelBytes.from_config(config)
     assert nbytes == mb.step_bytes([100, 100], 7.0) - config["vocab_size"] * config["hidden_size"] * 2
     text = kernel_profile.report([result], bandwidth=1e12, config=config)
     gbs = nbytes / 50e-6 / 1e9
-    assert f"| 2 | 100 | 16 | 1 | 10 | 50 | 40000 | 7.0 | {nbytes / 1e9:.2f} | {gbs:.0f} |" in text
+    assert f"| 2 | 100 | default | 1 | 10 | 50 | 40000 | 7.0 | {nbytes / 1e9:.2f} | {gbs:.0f} |" in text
+    # per wave: the bytes each layer must move and the bandwidth over the wave's span
+    qkv_bytes = (8 + 2 * 2) * 16 * 64 * 2
+    assert kernel_profile.wave_bytes(config, "qkv", 100, 2, 7.0) == qkv_bytes
+    assert f"| {qkv_bytes / 1e6:.1f} | {qkv_bytes / 2e-6 / 1e9:.0f} |" in text
+    # K/V: full layers read the whole history, sliding ones (window 8) the window, per request
+    kv = [2 * 2 * (101 if not s else 8) * 2 * 2 * 16 for s in dims.sliding]
+    assert kernel_profile.wave_bytes(config, "attn_partial", 100, 2, 7.0) == pytest.approx(sum(kv) / len(kv))
+    assert "spans of every wave but attention, summed over the step: 0.01 ms" in text
 
 
 def test_random_weights_have_the_checkpoint_layout_and_decode(dims, tiny_checkpoint):

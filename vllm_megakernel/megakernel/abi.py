@@ -1,13 +1,18 @@
-"""The megakernel ABI: opcodes, task-descriptor fields, the error record. The ONE source of truth.
+"""The megakernel ABI: opcodes, task-descriptor fields, tables, kernel geometry. The ONE source of truth.
 
 Python builds descriptors with these names; ``csrc/abi.h`` is generated from this file
 (``python -m vllm_megakernel.megakernel.abi --write csrc/abi.h``) and a test fails when the committed header
 and this file disagree, so the CUDA side can never drift from the host side.
 
-A task is ``TASK_WORDS`` int32 words. Words 0..7 are the same for every opcode (the header: what to wait
-for, what to signal, which task this is); words 8.. are named per opcode. Each wait is ``(barrier, count)``:
+A task is ``TASK_WORDS`` int32 words. Words 0..9 are the same for every opcode (the header: what to wait
+for, what to signal, which task this is, what the producer waits for); words 10.. are named per opcode. Each wait is ``(barrier, count)``:
 the task starts once ``barriers[barrier] >= count``; ``signal`` is the barrier the task increments by one
 when its outputs are visible. ``NO_BARRIER`` (-1) disables a wait or the signal.
+
+Besides the descriptor layout this file fixes what the kernel is compiled for: ``MODEL`` (the model shape
+the tile loops are unrolled for; other shapes are refused on the host) and ``KERNEL`` (block geometry and
+pipeline sizes). Tile shapes and buffer layouts derived from them live in :mod:`.layout`, which also
+renders its compile-time part into the header.
 """
 
 from __future__ import annotations
@@ -16,26 +21,25 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 TASK_WORDS = 32
 NO_BARRIER = -1
 
 
 class Op(enum.IntEnum):
     END = 0  # terminates an SM's task list
-    EMBED_RMSNORM = 1  # layer 0: x = embed[ids]; hn = rmsnorm(x) * w
-    ADD_RMSNORM = 2  # layer l > 0: x = (x + o_out) + mlp_out; hn = rmsnorm(x) * w
-    FINAL_NORM = 3  # after the last layer: x = (x + o_out) + mlp_out; out = rmsnorm(x) * w_final
-    QKV_ROPE = 4  # one head of [q;k;v] = hn @ Wqkv^T, RoPE if the layer has it; q -> qbuf, k/v -> paged cache
-    ATTN_PARTIAL = 5  # one (request, kv head, split) slice of paged attention -> partial out + log-sum-exp
-    ATTN_COMBINE = 6  # merges the splits of one (request, kv head) -> attn_out
-    O_PROJ = 7  # one column tile of o_out = attn_out @ Wo^T
-    DENSE_UPGATE = 8  # one column tile of act = silu(hn @ Wg^T) * (hn @ Wu^T), dense prefix layer
-    DENSE_DOWN = 9  # one column tile of mlp_out = act @ Wd^T, dense prefix layer
-    ROUTER = 10  # logits = hn @ Wr^T, sigmoid, top-k, then the per-layer expert work list (route)
-    MOE_UPGATE = 11  # one (expert slot, column tile) of act rows of the slot's tokens; empty slot: no-op
-    MOE_DOWN = 12  # one (expert slot, column tile) of expert_out rows; empty slot: no-op
-    MOE_COMBINE = 13  # one column tile of mlp_out[b] = sum_k weight[b, k] * expert_out[b, k]
+    NORM = 1  # rows of x_l = residual (embedding on layer 0), hn = rmsnorm(x_l); final=1: out = final norm
+    QKV_ROPE = 2  # rows of [q;k;v] = hn @ Wqkv^T, RoPE where the layer has it; q -> qbuf, k/v -> paged cache
+    ROUTER = 3  # expert rows of scores = sigmoid(hn @ Wr^T)
+    ROUTER_TOPK = 4  # top-k of the layer's scores per row, their weights, and the expert work list (route)
+    ATTN_PARTIAL = 5  # one (request, split) of paged attention over every KV head -> partial out + lse
+    ATTN_COMBINE = 6  # merges the splits of one request's heads [head0, head0 + heads) -> attn_out
+    O_PROJ = 7  # rows of o_out = attn_out @ Wo^T
+    DENSE_UPGATE = 8  # columns of dact = silu(hn @ Wg^T) * (hn @ Wu^T), dense prefix layer
+    DENSE_DOWN = 9  # rows of mlp_out = dact @ Wd^T, dense prefix layer
+    MOE_UPGATE = 10  # columns of act for the tokens of one expert slot; a slot past num_active: no-op
+    MOE_DOWN = 11  # rows of expert_out for the tokens of one expert slot; a slot past num_active: no-op
+    MOE_COMBINE = 12  # columns of mlp_out[b] = sum_k weight[b, k] * expert_out[b, k]
 
 
 HEADER_FIELDS = (
@@ -47,24 +51,29 @@ HEADER_FIELDS = (
     "wait1_count",
     "signal_barrier",
     "task_index",  # position in the whole schedule; named in error records
+    # the barrier the producer warp waits on before issuing the loads that depend on this step's data (an
+    # expert's weights: the layer's routing; the K/V tile holding the new token: the layer's qkv)
+    "load_wait_barrier",
+    "load_wait_count",
 )
 
-# Op-specific fields, in word order after the header.
+# Op-specific fields, in word order after the header. ``norm`` = 1: the task folds the layer's RMSNorm
+# into its activation load (reads the residual stream, not hn); ``write_x`` / ``write_hn`` = 1 on the one
+# task of the wave that also stores x_l / hn for the rest of the layer.
 OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.END: (),
-    Op.EMBED_RMSNORM: (),
-    Op.ADD_RMSNORM: (),
-    Op.FINAL_NORM: (),
-    Op.QKV_ROPE: ("head",),  # 0..Hq-1 query heads, Hq..Hq+Hkv-1 keys, then values
-    Op.ATTN_PARTIAL: ("request", "kv_head", "split", "num_splits"),
-    Op.ATTN_COMBINE: ("request", "kv_head", "num_splits"),
-    Op.O_PROJ: ("col_tile",),
-    Op.DENSE_UPGATE: ("col_tile",),
-    Op.DENSE_DOWN: ("col_tile",),
-    Op.ROUTER: (),
-    Op.MOE_UPGATE: ("slot", "col_tile"),
-    Op.MOE_DOWN: ("slot", "col_tile"),
-    Op.MOE_COMBINE: ("col_tile",),
+    Op.NORM: ("row0", "rows", "final"),
+    Op.QKV_ROPE: ("row0", "rows", "norm", "write_x"),
+    Op.ROUTER: ("row0", "rows", "norm", "write_hn"),
+    Op.ROUTER_TOPK: (),
+    Op.ATTN_PARTIAL: ("request", "split"),
+    Op.ATTN_COMBINE: ("request", "head0", "heads"),
+    Op.O_PROJ: ("row0", "rows"),
+    Op.DENSE_UPGATE: ("col0", "cols", "norm"),
+    Op.DENSE_DOWN: ("row0", "rows"),
+    Op.MOE_UPGATE: ("slot", "col0", "cols"),
+    Op.MOE_DOWN: ("slot", "row0", "rows"),
+    Op.MOE_COMBINE: ("col0", "cols"),
 }
 
 # What a stalled wait leaves behind (int32 words) before the kernel exits; Python raises naming them.
@@ -80,20 +89,20 @@ ERROR_FIELDS = (
 )
 
 # The step table: one int64 word per field, built by the host once per (padded batch, buffer addresses) and
-# read by every task. Pointers are device addresses; fields marked (f64) hold a double's bit pattern.
+# read by every task. Pointers are device addresses; fields marked (f64) hold a double's bit pattern. The
+# workspace buffers (layout.workspace_spec gives each one's shape and dtype) follow the scalars.
 STEP_FIELDS = (
-    "batch", "hidden", "num_heads", "num_kv_heads", "head_dim", "num_experts", "top_k",
-    "moe_intermediate", "dense_intermediate", "norm_topk_prob",
-    "eps_f64", "rope_theta_f64",
-    "sliding_window", "tile_n", "attn_splits", "num_slots", "block_size", "timeout_ns",
+    "batch", "num_slots", "block_size", "sliding_window", "attn_splits", "attn_min_tiles", "norm_topk_prob",
+    "eps_f64", "rope_theta_f64", "timeout_ns",
+    # route buffer offsets (int32 words): num_active at 0, then layout.route_offsets
+    "route_expert_off", "route_count_off", "route_rows_off",
     # model-wide weights
     "embed", "final_norm",
     # per-step inputs from vLLM's persistent buffers: int32 ids, int64 positions, int32 seq_lens
     "input_ids", "positions", "seq_lens",
-    # workspace (bf16 unless noted): x, hn, o, mlp, out [B, H]; q [B, Hq, D]; attn [B, Hq*D];
-    # opart f32 [B, Hkv, S, G, D]; lse f32 [B, Hkv, S, G]; dact [B, dense_I]; act [B*K, I];
-    # eout [B*K, H]; topk_w f32 [B, K]; route int32 [1 + 2*slots + slots*B]
-    "x", "hn", "q", "opart", "lse", "attn", "o", "mlp", "out", "dact", "act", "eout", "topk_w", "route",
+    # workspace
+    "x", "hn", "q", "opart", "lse", "attn", "o", "mlp", "out", "scores", "topk_w", "route", "dact", "act",
+    "eout",
     # optional (0 = off): int32 [num_layers, B, K], every MoE layer's chosen experts (accuracy tooling)
     "route_log",
     # optional (0 = off): int64 [num_tasks, len(TRACE_FIELDS)], per task where and when it ran (profiling)
@@ -101,8 +110,10 @@ STEP_FIELDS = (
 )
 
 # One trace record per task (globaltimer nanoseconds): the SM, when its first wait began, when its body
-# began (all waits satisfied), when its outputs were fenced (just before it signalled).
-TRACE_FIELDS = ("sm", "wait_start_ns", "run_start_ns", "end_ns")
+# began (all waits satisfied), when its inputs (activation rows) were staged and when its last weight or
+# K/V stage was consumed (0 for ops without them), when its body returned, when its outputs were fenced
+# (just before it signalled).
+TRACE_FIELDS = ("sm", "wait_start_ns", "run_start_ns", "inputs_ns", "stages_ns", "compute_end_ns", "end_ns")
 
 # The layer table: one row of int64 words per layer. The KV cache is vLLM's FlashAttention layout
 # (num_blocks, 2, block_size, num_kv_heads, head_dim) with strides in elements (head_dim is contiguous);
@@ -113,6 +124,36 @@ LAYER_FIELDS = (
     "kv_cache", "kv_stride_block", "kv_stride_kv", "kv_stride_token", "kv_stride_head",
     "block_table", "block_table_stride", "slot_mapping",
 )
+
+# The model shape the kernel is compiled for (North Mini Code): its tile loops are unrolled over these.
+# configs/north-mini-code/config.json is checked against it by a test; other shapes run on stock vLLM.
+MODEL = {
+    "hidden": 2048,
+    "num_heads": 32,
+    "num_kv_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "top_k": 8,
+    "moe_intermediate": 768,
+    "dense_intermediate": 3072,
+}
+
+# Block geometry and pipeline sizes. One producer warp streams weight and K/V tiles into a ring of
+# ``stages`` buffers of ``stage_bytes`` with bulk copies; ``consumer_warps`` warps compute on them.
+KERNEL = {
+    "consumer_warps": 8,
+    "stages": 5,
+    "stage_bytes": 32768,
+    "desc_slots": 8,  # descriptors the producer may run ahead of the consumers by
+    # GEMM partial sums: fp32 [consumer_warps][rows of a task][batch rows padded to 16]
+    "partial_floats": 12288,
+    # batches up to this size keep their activation rows in registers (two 8-row halves of an mma tile)
+    # and fold the RMSNorm into the tasks that read it; larger ones run a NORM wave and reload per stage
+    "register_batch": 16,
+    "attn_tile_tokens": 16,  # tokens per attention stage (one K/V tile of every KV head)
+    "max_batch": 64,  # the most rows a step may have (the top-k's shared scratch is sized for it)
+    "max_attn_splits": 128,  # the most splits per request (the combine's shared scratch is sized for it)
+}
 
 for _op in Op:
     assert _op in OP_FIELDS, f"{_op.name} has no field list"
@@ -130,7 +171,7 @@ def field_index(op: Op, name: str) -> int:
 
 
 def encode(op: Op, layer: int, waits: list[tuple[int, int]], signal: int, task_index: int,
-           **fields: int) -> list[int]:
+           load_wait: tuple[int, int] = (NO_BARRIER, 0), **fields: int) -> list[int]:
     """One descriptor as TASK_WORDS ints; unknown or missing op fields raise."""
     if len(waits) > 2:
         raise ValueError(f"{op.name}: at most 2 waits, got {len(waits)}")
@@ -145,6 +186,7 @@ def encode(op: Op, layer: int, waits: list[tuple[int, int]], signal: int, task_i
     words[4], words[5] = padded[1]
     words[6] = signal
     words[7] = task_index
+    words[8], words[9] = load_wait
     for name, value in fields.items():
         words[field_index(op, name)] = int(value)
     return words
@@ -157,10 +199,12 @@ def decode(words: list[int]) -> dict[str, int]:
 
 
 def render_header() -> str:
+    from vllm_megakernel.megakernel import layout
+
     lines = [
         "// GENERATED by `python -m vllm_megakernel.megakernel.abi --write csrc/abi.h` from",
-        "// vllm_megakernel/megakernel/abi.py, the single source of the megakernel ABI. Do not edit by hand:",
-        "// tests/cpu/test_abi.py fails when this file and abi.py disagree.",
+        "// vllm_megakernel/megakernel/abi.py and layout.py, the single source of the megakernel ABI. Do not edit",
+        "// by hand: tests/cpu/test_abi.py fails when this file and the Python side disagree.",
         "#pragma once",
         "",
         "namespace vllm_megakernel::abi {",
@@ -188,8 +232,20 @@ def render_header() -> str:
     lines += [f"constexpr int E_{name.upper()} = {i};" for i, name in enumerate(ERROR_FIELDS)]
     lines += [f"constexpr int kErrorWords = {len(ERROR_FIELDS)};", "", "// Trace record words (int64)."]
     lines += [f"constexpr int T_{name.upper()} = {i};" for i, name in enumerate(TRACE_FIELDS)]
-    lines += [f"constexpr int kTraceWords = {len(TRACE_FIELDS)};", "", "}  // namespace vllm_megakernel::abi", ""]
+    lines += [f"constexpr int kTraceWords = {len(TRACE_FIELDS)};", ""]
+    lines += ["// The model shape the kernel is compiled for (abi.MODEL)."]
+    lines += [f"constexpr int k{_camel(name)} = {value};" for name, value in MODEL.items()]
+    lines += ["", "// Block geometry and pipeline (abi.KERNEL)."]
+    lines += [f"constexpr int k{_camel(name)} = {value};" for name, value in KERNEL.items()]
+    lines += ["", "// Weight rows per pipeline stage of each GEMM (layout.rows_per_stage of its row length)."]
+    lines += [f"constexpr int k{_camel(name)}StageRows = {rows};"
+              for name, rows in layout.compiled_stage_rows().items()]
+    lines += ["", "}  // namespace vllm_megakernel::abi", ""]
     return "\n".join(lines)
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
 
 
 def main(argv: list[str] | None = None) -> None:

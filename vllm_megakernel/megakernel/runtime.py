@@ -11,11 +11,12 @@ read in place: only addresses are stored. All buffers stay at fixed addresses fo
 from __future__ import annotations
 
 import dataclasses
+import math
 import struct
 
 import torch
 
-from vllm_megakernel.megakernel import abi
+from vllm_megakernel.megakernel import abi, layout
 from vllm_megakernel.megakernel.schedule import Schedule
 from vllm_megakernel.reference import DecodeInputs, Weights
 
@@ -41,13 +42,20 @@ class DeviceStep:
     barriers: torch.Tensor
     error: torch.Tensor
     workspace: dict[str, torch.Tensor]
-    smem_bytes: int
+    intermediates: tuple[int, int]  # (expert FFN width, dense FFN width): the workspace shapes need them
     keepalive: list[torch.Tensor]  # converted inputs referenced by address in the tables
+    unsupported: list[str]  # how the model differs from the shape the kernel is compiled for (launch refuses)
     trace: torch.Tensor | None = None  # int64 [num_tasks, len(abi.TRACE_FIELDS)] when built with trace=True
 
     @property
     def out(self) -> torch.Tensor:
-        return self.workspace["out"][: self.schedule.shape.batch]
+        return self.view("out")
+
+    def view(self, name: str) -> torch.Tensor:
+        """A workspace buffer with this step's shape (layout.workspace_spec)."""
+        s = self.schedule
+        shape, _ = layout.workspace_spec(s.dims, s.shape.batch, s.shape.attn_splits, *self.intermediates)[name]
+        return self.workspace[name][: math.prod(shape)].view(shape)
 
 
 def _error_init(device) -> torch.Tensor:
@@ -56,29 +64,31 @@ def _error_init(device) -> torch.Tensor:
     return err
 
 
-def allocate_workspace(dims, max_batch: int, attn_splits: int, moe_intermediate: int, dense_intermediate: int,
+_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32}
+
+
+def allocate_workspace(dims, steps: list[tuple[int, int]], moe_intermediate: int, dense_intermediate: int,
                        device, dtype=torch.bfloat16, route_log: bool = False) -> dict[str, torch.Tensor]:
-    """The kernel's scratch buffers for every batch up to ``max_batch`` (one step runs at a time, and every
-    index the kernel computes depends on the step's own batch, so smaller batches use a prefix). Filled
-    with NaN: a read of anything the step did not write shows up."""
-    B, H, D = max_batch, dims.hidden, dims.head_dim
-    Hq, Hkv, K, S = dims.num_heads, dims.num_kv_heads, dims.top_k, attn_splits
-    slots = min(dims.num_experts, B * K)
-
-    def buf(*size, dt=dtype):
-        if dt.is_floating_point:
-            return torch.full(size, float("nan"), dtype=dt, device=device)
-        return torch.zeros(size, dtype=dt, device=device)
-
-    ws = {
-        "x": buf(B, H), "hn": buf(B, H), "q": buf(B, Hq, D),
-        "opart": buf(B, Hkv, S, Hq // Hkv, D, dt=torch.float32), "lse": buf(B, Hkv, S, Hq // Hkv, dt=torch.float32),
-        "attn": buf(B, Hq * D), "o": buf(B, H), "mlp": buf(B, H), "out": buf(B, H),
-        "dact": buf(B, max(dense_intermediate, 8)), "act": buf(B * K, moe_intermediate), "eout": buf(B * K, H),
-        "topk_w": buf(B, K, dt=torch.float32), "route": buf(1 + 2 * slots + slots * B, dt=torch.int32),
-    }
+    """The kernel's scratch buffers for every step in ``steps`` ((batch, attention splits) pairs): each
+    buffer is as large as the largest step needs (one step runs at a time, and every index the kernel
+    computes depends on the step's own batch and splits, so a smaller step uses a prefix; the shapes are
+    layout.workspace_spec's). Filled with NaN: a read of anything the step did not write shows up."""
+    sizes: dict[str, int] = {}
+    kinds: dict[str, str] = {}
+    for batch, splits in steps:
+        for name, (shape, kind) in layout.workspace_spec(dims, batch, splits, moe_intermediate,
+                                                         dense_intermediate).items():
+            sizes[name] = max(sizes.get(name, 0), math.prod(shape))
+            kinds[name] = kind
+    ws = {}
+    for name, n in sizes.items():
+        dt = dtype if kinds[name] == "bf16" else _DTYPES[kinds[name]]
+        ws[name] = torch.full((n,), float("nan"), dtype=dt, device=device) if dt.is_floating_point \
+            else torch.zeros(n, dtype=dt, device=device)
     if route_log:
-        ws["route_log"] = torch.full((dims.num_layers, B, K), -1, dtype=torch.int32, device=device)
+        max_batch = max(b for b, _ in steps)
+        ws["route_log"] = torch.full((dims.num_layers * max_batch * dims.top_k,), -1, dtype=torch.int32,
+                                     device=device)
     return ws
 
 
@@ -89,28 +99,39 @@ def routing_log(workspace: dict[str, torch.Tensor], dims, batch: int) -> torch.T
     return workspace["route_log"].view(-1)[:n].view(dims.num_layers, batch, dims.top_k)
 
 
+def check_kv_cache(cache: torch.Tensor, dims, layer: int) -> None:
+    """The kernel copies 16-token K/V tiles of every KV head with bulk copies: within a block, tokens and
+    heads must be contiguous, and every stride a multiple of 16 bytes."""
+    nb, two, bs, hkv, d = cache.shape
+    if cache.dtype != torch.bfloat16 or cache.stride(-1) != 1 or cache.stride(3) != d or cache.stride(2) != hkv * d:
+        raise ValueError(f"layer {layer}: the KV cache must be bf16 with each block's tokens and heads contiguous, "
+                         f"got {cache.dtype} strides {cache.stride()}")
+    if any(s % 8 for s in cache.stride()[:3]) or cache.data_ptr() % 16:
+        raise ValueError(f"layer {layer}: KV cache strides {cache.stride()} are not 16-byte aligned")
+    if not (bs % layout.ATTN_TILE == 0 or layout.ATTN_TILE % bs == 0):
+        raise ValueError(f"block size {bs} neither divides nor is a multiple of {layout.ATTN_TILE}")
+
+
 def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
                route_log: bool = False, workspace: dict[str, torch.Tensor] | None = None,
                trace: bool = False) -> DeviceStep:
     """Tables for ``schedule`` over these weights and input buffers (all on one CUDA device).
 
-    ``workspace`` (from :func:`allocate_workspace`, sized for this batch or more) is shared between the
+    ``workspace`` (from :func:`allocate_workspace`, sized for this step or more) is shared between the
     steps of different batch sizes; without it a private one is allocated. ``route_log`` records each MoE
     layer's experts in ``workspace["route_log"]`` (int32 [num_layers, B, K]). ``trace`` makes every launch
     record where and when each task ran in :attr:`DeviceStep.trace` (see :mod:`.trace`).
     """
     dims, shape = schedule.dims, schedule.shape
-    B, H, D = shape.batch, dims.hidden, dims.head_dim
-    Hq, Hkv, K, S = dims.num_heads, dims.num_kv_heads, dims.top_k, shape.attn_splits
+    B, S = shape.batch, shape.attn_splits
     dev, dt = weights.embed.device, weights.embed.dtype
     if dt != torch.bfloat16:
         raise ValueError(f"the megakernel runs bf16 weights, got {dt}")
     moe_i, dense_i = weights.intermediates()
-    slots = schedule.num_slots
     if workspace is None:
-        workspace = allocate_workspace(dims, B, S, moe_i, dense_i, dev, dt, route_log)
+        workspace = allocate_workspace(dims, [(B, S)], moe_i, dense_i, dev, dt, route_log)
     ws = workspace
-    need = allocate_workspace(dims, B, S, moe_i, dense_i, "meta", dt, route_log)
+    need = allocate_workspace(dims, [(B, S)], moe_i, dense_i, "meta", dt, route_log)
     for name, t in need.items():
         if name not in ws or ws[name].numel() < t.numel():
             raise ValueError(f"workspace buffer {name!r} is too small for batch {B} / {S} splits")
@@ -120,14 +141,14 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     if ids.shape[0] != B:
         raise ValueError(f"inputs have batch {ids.shape[0]}, schedule {B}")
     keep = [ids, positions, seq_lens]
+    route = layout.route_offsets(dims, B)
 
     step = {
-        "batch": B, "hidden": H, "num_heads": Hq, "num_kv_heads": Hkv, "head_dim": D,
-        "num_experts": dims.num_experts, "top_k": K, "moe_intermediate": moe_i, "dense_intermediate": dense_i,
+        "batch": B, "num_slots": schedule.num_slots, "block_size": inputs.kv_caches[0].shape[2],
+        "sliding_window": dims.sliding_window or 0, "attn_splits": S, "attn_min_tiles": shape.attn_min_tiles,
         "norm_topk_prob": int(dims.norm_topk_prob), "eps_f64": _f64_bits(dims.eps),
-        "rope_theta_f64": _f64_bits(dims.rope_theta), "sliding_window": dims.sliding_window or 0,
-        "tile_n": shape.tile_n, "attn_splits": S, "num_slots": slots,
-        "block_size": inputs.kv_caches[0].shape[2], "timeout_ns": int(timeout_s * 1e9),
+        "rope_theta_f64": _f64_bits(dims.rope_theta), "timeout_ns": int(timeout_s * 1e9),
+        "route_expert_off": route["expert"], "route_count_off": route["count"], "route_rows_off": route["rows"],
         "embed": _addr(weights.embed), "final_norm": _addr(weights.final_norm),
         "input_ids": _addr(ids), "positions": _addr(positions), "seq_lens": _addr(seq_lens),
         **{name: _addr(t) for name, t in ws.items() if name != "route_log" or route_log},
@@ -142,8 +163,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     rows = []
     for i, lw in enumerate(weights.layers):
         cache = inputs.kv_caches[i]
-        if cache.dtype != dt or cache.stride(-1) != 1:
-            raise ValueError(f"layer {i}: KV cache must be {dt} with a contiguous head_dim")
+        check_kv_cache(cache, dims, i)
         group = inputs.groups[inputs.layer_group[i]]
         table = group.block_table.to(device=dev, dtype=torch.int32).contiguous()
         slots_map = group.slot_mapping.to(device=dev, dtype=torch.int64).contiguous()
@@ -151,8 +171,8 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
         weight_of = {"norm_w": lw.norm, "qkv_w": lw.qkv, "o_w": lw.o, "gate_up_w": lw.gate_up, "down_w": lw.down,
                      "router_w": lw.router, "w13": lw.w13, "w2": lw.w2}
         for name, t in weight_of.items():
-            if t is not None and (not t.is_contiguous() or t.dtype != dt):
-                raise ValueError(f"layer {i}: {name} must be contiguous {dt}")
+            if t is not None and (not t.is_contiguous() or t.dtype != dt or t.data_ptr() % 16):
+                raise ValueError(f"layer {i}: {name} must be contiguous, 16-byte aligned {dt}")
         row = {
             "dense": int(dims.dense[i]), "sliding": int(dims.sliding[i]), "rope": int(dims.rope[i]),
             **{name: _addr(t) for name, t in weight_of.items()},
@@ -163,11 +183,11 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
         rows.append([row[f] for f in abi.LAYER_FIELDS])
     layer_table = torch.tensor(rows, dtype=torch.int64, device=dev)
 
-    smem_floats = max(B * D, B * dims.num_experts + B * K + dims.num_experts, B * shape.tile_n)
     return DeviceStep(
         schedule=schedule, step_table=step_table, layer_table=layer_table,
         tasks=schedule.encode().to(dev), barriers=torch.zeros(len(schedule.barriers), dtype=torch.int32, device=dev),
-        error=_error_init(dev), workspace=ws, smem_bytes=4 * smem_floats, keepalive=keep, trace=trace_buf,
+        error=_error_init(dev), workspace=ws, intermediates=(moe_i, dense_i), keepalive=keep,
+        unsupported=layout.model_mismatches(dims, moe_i, dense_i), trace=trace_buf,
     )
 
 
@@ -175,11 +195,13 @@ def launch(step: DeviceStep) -> None:
     """Enqueues one step on torch's current stream: zero the barriers, run the kernel. No host sync."""
     from vllm_megakernel import _C
 
+    if step.unsupported:
+        raise ValueError("the megakernel is compiled for another model shape: " + "; ".join(step.unsupported))
     step.barriers.zero_()
     _C.launch_decode(
         step_table=step.step_table.data_ptr(), layer_table=step.layer_table.data_ptr(),
         tasks=step.tasks.data_ptr(), max_tasks=step.tasks.shape[1], grid=step.tasks.shape[0],
-        barriers=step.barriers.data_ptr(), error=step.error.data_ptr(), smem_bytes=step.smem_bytes,
+        barriers=step.barriers.data_ptr(), error=step.error.data_ptr(),
         stream=torch.cuda.current_stream(step.tasks.device).cuda_stream,
     )
 

@@ -1,49 +1,100 @@
 """Host-side schedule: one decode step as named waves of tasks, placed round-robin over the SMs.
 
 Each layer is lowered into waves (one tile of one operation per task), in an order that is a topological
-order of the step's dependency graph:
+order of the step's dependency graph. A MoE layer, with the RMSNorm folded into the tasks that read it:
 
-    norm -> qkv -> router -> attn_partial -> mlp_up -> attn_combine -> mlp_down -> o_proj -> moe_combine
+    router -> qkv -> router_topk -> attn_partial -> mlp_up -> attn_combine -> mlp_down -> o_proj -> moe_combine
 
-(``mlp_up``/``mlp_down`` are the expert GEMMs on MoE layers and the dense SwiGLU on the prefix layer, which
-has no router and no combine). Tasks are numbered in that order and dealt round-robin to SMs, so every SM's
-list is ordered consistently with one global topological order. That makes the step deadlock-free with
-spinning waits: the unfinished task with the smallest number is at the head of its SM's list and all of
-its inputs have smaller numbers, so it can always run. The simulator checks this rather than trusting it.
+The dense prefix layer has no router, top-k or combine (``mlp_up``/``mlp_down`` are its SwiGLU). Batches
+above ``layout.REGISTER_BATCH`` rows start each layer with a ``norm`` wave instead (row chunks on many
+SMs), and the step ends with a ``final_norm`` wave. Tasks are numbered in that order and dealt round-robin
+to SMs, so every SM's list is ordered consistently with one global topological order. That makes the step
+deadlock-free with spinning waits: the unfinished task with the smallest number is at the head of its SM's
+list and all of its inputs have smaller numbers, so it can always run. The kernel's producer warp, which
+issues a task's weight loads ahead of its consumers, waits only on barriers of lower-numbered tasks (the
+routing of its layer for expert weights, the layer's qkv for the tile holding the new token's K/V), so
+the argument carries over. The simulator checks this rather than trusting it.
 
 Dependencies are barriers (counters). A barrier's target is the number of tasks that signal it -- derived
 here, never written by hand -- and every wait on it waits for exactly that target. Work that depends on
 live data (sequence lengths, routing) keeps static task counts: an attention split past the end of its
 sequence, or an expert slot past the number of experts actually chosen, still runs and still signals, it
 just has nothing to compute. Every task declares the logical buffer regions it reads and writes, so the
-simulator can prove that every conflicting pair of tasks is ordered by the barriers.
+simulator can prove that every conflicting pair of tasks is ordered by the barriers. A region is a tuple
+key; a write names a whole key, a read may name a prefix of keys (``("o", 1)`` reads every
+``("o", 1, unit)``).
+
+The residual stream x and the layer outputs o and mlp alternate between two buffers by layer parity
+(layer l writes index l % 2 and reads (l - 1) % 2), so a late reader of one layer's inputs (an expert's
+up/gate) never races the writers of the next layer's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
+from vllm_megakernel.megakernel import layout
 from vllm_megakernel.megakernel.abi import NO_BARRIER, TASK_WORDS, Op, encode
 from vllm_megakernel.reference import ModelDims
 
-Region = tuple  # a logical buffer region, e.g. ("q", head) or ("k", layer, kv_head)
+Region = tuple  # a logical buffer region, e.g. ("q", tile) or ("kv", layer, tile)
+
+# Orders of a layer's waves (each a topological order of the layer's dependencies; the dense prefix layer
+# skips the MoE-only waves). Tasks are dealt to SMs in this order, and each SM runs its list in order, so
+# the order decides what an SM's consumers and producer do first.
+WAVE_ORDERS = {
+    # routing first (it heads the longer, MoE, half of the parallel block), attention before the experts,
+    # attention's combine between the expert up/gate and down tasks (measured fastest at batch 1 and 8:
+    # benchmarks/results/h200-2026-12-01-v2-kernel-profile)
+    "default": ("router", "qkv", "router_topk", "attn_partial", "mlp_up", "attn_combine", "mlp_down", "o_proj",
+                "moe_combine"),
+    # the combine after the expert down tasks
+    "experts_then_combine": ("router", "qkv", "router_topk", "attn_partial", "mlp_up", "mlp_down", "attn_combine",
+                             "o_proj", "moe_combine"),
+    # the whole attention half, then the MoE half
+    "attention_first": ("qkv", "attn_partial", "attn_combine", "o_proj", "router", "router_topk", "mlp_up",
+                        "mlp_down", "moe_combine"),
+    # the combine and O projection right after attention, the experts last
+    "attention_then_experts": ("router", "qkv", "router_topk", "attn_partial", "attn_combine", "o_proj", "mlp_up",
+                               "mlp_down", "moe_combine"),
+}
+MOE_ONLY_WAVES = ("router", "router_topk", "moe_combine")
+UNIT = 16  # columns per region unit of the hidden-wide outputs o and mlp
+COMBINE_COLS = 128  # columns per MOE_COMBINE task
 
 
 @dataclasses.dataclass(frozen=True)
 class StepShape:
-    """What one task list is built for: the padded batch and the machine."""
+    """What one task list is built for: the padded batch, the machine, and the schedule's choices, each
+    defaulting to what layout.py picks for the batch: the attention split (0: attn_splits_for), heads per
+    combine (0: combine_heads_for), the norm ("auto": folded into its readers up to the register batch,
+    "wave": a norm wave, "fold": folded), GEMM task sizes (``tiles``: (GemmTiles field, value) pairs that
+    replace layout.gemm_tiles' choice) and the order of a layer's waves (a WAVE_ORDERS key)."""
 
     batch: int
     num_sms: int
-    tile_n: int = 128  # output columns per GEMM task
-    attn_splits: int = 1  # KV splits per (request, kv head)
+    attn_splits: int = 0
+    attn_min_tiles: int = layout.DEFAULT_ATTN_MIN_TILES
+    combine_heads: int = 0
+    norm: str = "auto"
+    tiles: tuple[tuple[str, int], ...] = ()
+    order: str = "default"
 
     def __post_init__(self):
-        if self.batch < 1 or self.num_sms < 1 or self.tile_n < 1 or self.attn_splits < 1:
+        if self.order not in WAVE_ORDERS:
+            raise ValueError(f"order={self.order!r}: one of {sorted(WAVE_ORDERS)}")
+        if self.norm not in ("auto", "wave", "fold") or (self.norm == "fold" and self.batch > layout.REGISTER_BATCH):
+            raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
+        if self.batch < 1 or self.num_sms < 1 or self.attn_splits < 0 or self.attn_min_tiles < 1:
             raise ValueError(f"invalid step shape {self}")
+        if self.batch > layout.MAX_BATCH:
+            raise ValueError(f"batch {self.batch} is larger than the kernel takes ({layout.MAX_BATCH})")
+        if self.attn_splits > layout.MAX_ATTN_SPLITS:
+            raise ValueError(f"{self.attn_splits} attention splits: the kernel takes at most {layout.MAX_ATTN_SPLITS}")
+        if self.attn_splits == 0:
+            object.__setattr__(self, "attn_splits", layout.attn_splits_for(self.batch, self.num_sms))
 
 
 @dataclasses.dataclass
@@ -63,6 +114,7 @@ class Task:
     signal: int  # barrier id or NO_BARRIER
     reads: tuple[Region, ...]
     writes: tuple[Region, ...]
+    load_wait: int = NO_BARRIER  # barrier the producer waits on before the loads that depend on this step
     sm: int = -1
 
     def describe(self) -> str:
@@ -74,13 +126,18 @@ class Task:
 class Schedule:
     dims: ModelDims
     shape: StepShape
+    tiles: layout.GemmTiles
     tasks: list[Task]
     barriers: list[Barrier]
     sm_tasks: list[list[int]]  # per SM, task indices in execution order
 
     @property
     def num_slots(self) -> int:
-        return moe_slots(self.dims, self.shape.batch)
+        return layout.moe_slots(self.dims, self.shape.batch)
+
+    @property
+    def combine_heads(self) -> int:
+        return self.shape.combine_heads or layout.combine_heads_for(self.shape.batch, self.dims.num_heads)
 
     def encode(self) -> torch.Tensor:
         """[num_sms, max_tasks + 1, TASK_WORDS] int32; each SM's list ends with an END task (all zeros)."""
@@ -92,7 +149,9 @@ class Schedule:
             for i in indices:
                 t = self.tasks[i]
                 waits = [(b, self.barriers[b].target) for b in t.waits]
-                sm_rows.append(encode(t.op, t.layer, waits, t.signal, t.index, **t.fields))
+                load = (t.load_wait, self.barriers[t.load_wait].target) if t.load_wait != NO_BARRIER \
+                    else (NO_BARRIER, 0)
+                sm_rows.append(encode(t.op, t.layer, waits, t.signal, t.index, load, **t.fields))
             rows.append(sm_rows + [end] * (longest + 1 - len(sm_rows)))
         return torch.tensor(rows, dtype=torch.int32)
 
@@ -115,26 +174,18 @@ class Schedule:
             if t.signal != NO_BARRIER:
                 barriers[t.signal].target += 1
         sm_tasks = [[i for i in lst if i < num_tasks] for lst in self.sm_tasks]
-        return Schedule(self.dims, self.shape, tasks, barriers, sm_tasks)
+        return Schedule(self.dims, self.shape, self.tiles, tasks, barriers, sm_tasks)
 
     def barrier_name(self, barrier: int) -> str:
         return self.barriers[barrier].name if 0 <= barrier < len(self.barriers) else f"barrier {barrier}"
 
 
 def moe_slots(dims: ModelDims, batch: int) -> int:
-    """Expert slots per MoE layer: at most every expert, at most one per (token, k) pair."""
-    return min(dims.num_experts, batch * dims.top_k)
-
-
-def _tiles(n: int, tile: int, what: str) -> int:
-    if n % tile:
-        raise ValueError(f"{what} ({n}) is not a multiple of tile_n ({tile})")
-    return n // tile
+    return layout.moe_slots(dims, batch)
 
 
 class _Builder:
-    def __init__(self, dims: ModelDims, shape: StepShape):
-        self.dims, self.shape = dims, shape
+    def __init__(self):
         self.tasks: list[Task] = []
         self.barriers: list[Barrier] = []
 
@@ -143,9 +194,13 @@ class _Builder:
         return len(self.barriers) - 1
 
     def task(self, op: Op, layer: int, wave: str, waits=(), signal=NO_BARRIER, reads=(), writes=(),
-             **fields: int) -> None:
+             load_wait=NO_BARRIER, **fields: int) -> None:
         self.tasks.append(Task(len(self.tasks), op, layer, wave, fields, tuple(waits), signal,
-                               tuple(reads), tuple(writes)))
+                               tuple(reads), tuple(writes), load_wait))
+
+
+def _units(name: str, parity: int, col0: int, cols: int) -> tuple[Region, ...]:
+    return tuple((name, parity, u) for u in range(col0 // UNIT, (col0 + cols) // UNIT))
 
 
 def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
@@ -155,104 +210,148 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     ``moe_intermediate`` / ``dense_intermediate`` are the expert and dense-prefix FFN widths (the config's
     ``intermediate_size`` and ``prefix_dense_intermediate_size``).
     """
-    hq, hkv = dims.num_heads, dims.num_kv_heads
+    hq, hkv, D, H = dims.num_heads, dims.num_kv_heads, dims.head_dim, dims.hidden
     if hq % hkv:
         raise ValueError("query heads must be a multiple of KV heads")
-    group = hq // hkv
-    B, S, T = shape.batch, shape.attn_splits, shape.tile_n
-    h_tiles = _tiles(dims.hidden, T, "hidden size")
-    slots = moe_slots(dims, B)
-    o_regions = tuple(("o", t) for t in range(h_tiles))
-    mlp_regions = tuple(("mlp", t) for t in range(h_tiles))
+    if H % UNIT or H % min(COMBINE_COLS, H):
+        raise ValueError(f"hidden size {H} is not a multiple of {UNIT}")
+    B, S = shape.batch, shape.attn_splits
+    tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, B, dict(shape.tiles))
+    fold = layout.fold_norm(B) if shape.norm == "auto" else shape.norm == "fold"
+    slots = layout.moe_slots(dims, B)
+    heads_per_combine = shape.combine_heads or layout.combine_heads_for(B, hq)
+    if hq % heads_per_combine:
+        raise ValueError(f"{hq} query heads do not split into combines of {heads_per_combine}")
+    chunks = range(-(-B // layout.NORM_ROWS))  # row chunks of x / hn (NORM tasks, region units)
+    qkv_rows = (hq + 2 * hkv) * D
+    combine_cols = min(COMBINE_COLS, H)
 
-    b = _Builder(dims, shape)
+    b = _Builder()
     prev_o = prev_mlp = None
-    for layer in range(dims.num_layers):
-        L = f"L{layer}"
-        # -- norm: x = embed or x + o + mlp; hn = rmsnorm(x)
-        norm = b.barrier(f"{L}.norm")
+
+    def residual_reads(layer: int) -> tuple[Region, ...]:
         if layer == 0:
-            b.task(Op.EMBED_RMSNORM, layer, "norm", signal=norm, writes=(("x",), ("hn",)))
-        else:
-            b.task(Op.ADD_RMSNORM, layer, "norm", waits=(prev_o, prev_mlp), signal=norm,
-                   reads=(("x",),) + o_regions + mlp_regions, writes=(("x",), ("hn",)))
-        # -- qkv: one head per task; a KV group is its query heads plus its k and v heads
-        qkv = [b.barrier(f"{L}.qkv.g{g}") for g in range(hkv)]
-        for head in range(hq + 2 * hkv):
-            if head < hq:
-                g, out = head // group, ("q", head)
-            elif head < hq + hkv:
-                g = head - hq
-                out = ("k", layer, g)
-            else:
-                g = head - hq - hkv
-                out = ("v", layer, g)
-            b.task(Op.QKV_ROPE, layer, "qkv", waits=(norm,), signal=qkv[g], reads=(("hn",),),
-                   writes=(out,), head=head)
-        # -- router (MoE layers)
+            return (("embed",),)
+        pp = (layer - 1) % 2
+        return (("x", pp), ("o", pp), ("mlp", pp))
+
+    def norm_wave(layer: int, final: bool, wave: str, signal: int) -> None:
+        p = layer % 2
+        waits = () if layer == 0 else (prev_o, prev_mlp)
+        for c in chunks:
+            rows = min(layout.NORM_ROWS, B - c * layout.NORM_ROWS)
+            writes = (("x", p, c), ("out", c) if final else ("hn", c))
+            b.task(Op.NORM, layer, wave, waits=waits, signal=signal, reads=residual_reads(layer), writes=writes,
+                   row0=c * layout.NORM_ROWS, rows=rows, final=int(final))
+
+    order = WAVE_ORDERS[shape.order]
+    for layer in range(dims.num_layers):
+        L, p = f"L{layer}", layer % 2
         dense = dims.dense[layer]
-        if not dense:
-            route = b.barrier(f"{L}.route")
-            b.task(Op.ROUTER, layer, "router", waits=(norm,), signal=route, reads=(("hn",),),
-                   writes=(("route",),))
-        # -- attention partials
-        parts = {(r, g): b.barrier(f"{L}.attn.r{r}.g{g}") for r in range(B) for g in range(hkv)}
-        for r in range(B):
-            for g in range(hkv):
-                q_heads = tuple(("q", hh) for hh in range(g * group, (g + 1) * group))
+        if fold:
+            in_waits = () if layer == 0 else (prev_o, prev_mlp)
+            in_reads = residual_reads(layer)
+        else:
+            norm = b.barrier(f"{L}.norm")
+            norm_wave(layer, False, "norm", norm)
+            in_waits, in_reads = (norm,), (("hn",),)
+        bar: dict[str, int] = {}  # this layer's barriers, by the wave that signals them
+
+        def router_wave():  # scores of tiles of experts; folded: its first task stores hn for the experts
+            bar["router"] = b.barrier(f"{L}.router")
+            for t in range(dims.num_experts // tiles.router_rows):
+                writes = (("scores", t),)
+                if fold and t == 0:
+                    writes += tuple(("hn", c) for c in chunks)
+                b.task(Op.ROUTER, layer, "router", waits=in_waits, signal=bar["router"], reads=in_reads,
+                       writes=writes, row0=t * tiles.router_rows, rows=tiles.router_rows, norm=int(fold),
+                       write_hn=int(fold and t == 0))
+
+        def qkv_wave():  # tiles of rows of [q; k; v]; folded: its first task stores x_l
+            bar["qkv"] = b.barrier(f"{L}.qkv")
+            for t in range(qkv_rows // tiles.qkv_rows):
+                r0, r1 = t * tiles.qkv_rows, (t + 1) * tiles.qkv_rows
+                writes = ((("q", t),) if r0 < hq * D else ()) + ((("kv", layer, t),) if r1 > hq * D else ())
+                if fold and t == 0:
+                    writes += tuple(("x", p, c) for c in chunks)
+                b.task(Op.QKV_ROPE, layer, "qkv", waits=in_waits, signal=bar["qkv"], reads=in_reads, writes=writes,
+                       row0=r0, rows=tiles.qkv_rows, norm=int(fold), write_x=int(fold and t == 0))
+
+        def topk_wave():  # top-k and the expert work list
+            bar["route"] = b.barrier(f"{L}.route")
+            b.task(Op.ROUTER_TOPK, layer, "router_topk", waits=(bar["router"],), signal=bar["route"],
+                   reads=(("scores",),), writes=(("route",), ("topk_w",)))
+
+        def attn_wave():  # (request, split) over every KV head
+            bar["attn"] = b.barrier(f"{L}.attn")
+            for r in range(B):
                 for s in range(S):
-                    b.task(Op.ATTN_PARTIAL, layer, "attn_partial", waits=(qkv[g],), signal=parts[r, g],
-                           reads=q_heads + (("k", layer, g), ("v", layer, g)),
-                           writes=(("opart", r, g, s),), request=r, kv_head=g, split=s, num_splits=S)
-        # -- mlp up
-        if dense:
-            i_tiles = _tiles(dense_intermediate, T, "dense intermediate size")
-            dup = b.barrier(f"{L}.dense_up")
-            for t in range(i_tiles):
-                b.task(Op.DENSE_UPGATE, layer, "mlp_up", waits=(norm,), signal=dup, reads=(("hn",),),
-                       writes=(("dact", t),), col_tile=t)
-        else:
-            i_tiles = _tiles(moe_intermediate, T, "expert intermediate size")
-            up = [b.barrier(f"{L}.moe_up.s{s}") for s in range(slots)]
+                    b.task(Op.ATTN_PARTIAL, layer, "attn_partial", waits=(bar["qkv"],), signal=bar["attn"],
+                           load_wait=bar["qkv"], reads=(("q",), ("kv", layer)), writes=(("opart", r, s),),
+                           request=r, split=s)
+
+        def up_wave():
+            if dense:
+                bar["dense_up"] = b.barrier(f"{L}.dense_up")
+                n = tiles.dense_up_cols
+                for t in range(dense_intermediate // n):
+                    b.task(Op.DENSE_UPGATE, layer, "mlp_up", waits=in_waits, signal=bar["dense_up"], reads=in_reads,
+                           writes=(("dact", t),), col0=t * n, cols=n, norm=int(fold))
+                return
+            n, route = tiles.moe_up_cols, bar["route"]
+            bar["up"] = [b.barrier(f"{L}.moe_up.s{s}") for s in range(slots)]
             for s in range(slots):
-                for t in range(i_tiles):
-                    b.task(Op.MOE_UPGATE, layer, "mlp_up", waits=(route,), signal=up[s],
-                           reads=(("hn",), ("route",)), writes=(("act", s, t),), slot=s, col_tile=t)
-        # -- attention combine
-        comb = b.barrier(f"{L}.attn_combine")
-        for r in range(B):
-            for g in range(hkv):
-                b.task(Op.ATTN_COMBINE, layer, "attn_combine", waits=(parts[r, g],), signal=comb,
-                       reads=tuple(("opart", r, g, s) for s in range(S)), writes=(("attn", r, g),),
-                       request=r, kv_head=g, num_splits=S)
-        # -- mlp down
-        mlp = b.barrier(f"{L}.mlp")
-        if dense:
-            for t in range(h_tiles):
-                b.task(Op.DENSE_DOWN, layer, "mlp_down", waits=(dup,), signal=mlp,
-                       reads=tuple(("dact", i) for i in range(i_tiles)), writes=(("mlp", t),), col_tile=t)
-        else:
-            down = b.barrier(f"{L}.moe_down")
+                for t in range(moe_intermediate // n):
+                    b.task(Op.MOE_UPGATE, layer, "mlp_up", waits=(route,), signal=bar["up"][s], load_wait=route,
+                           reads=(("hn",), ("route",)), writes=(("act", s, t),), slot=s, col0=t * n, cols=n)
+
+        def down_wave():
+            bar["mlp"] = b.barrier(f"{L}.mlp")
+            if dense:
+                n = tiles.dense_down_rows
+                for t in range(H // n):
+                    b.task(Op.DENSE_DOWN, layer, "mlp_down", waits=(bar["dense_up"],), signal=bar["mlp"],
+                           reads=(("dact",),), writes=_units("mlp", p, t * n, n), row0=t * n, rows=n)
+                return
+            n, route = tiles.moe_down_rows, bar["route"]
+            bar["down"] = b.barrier(f"{L}.moe_down")
             for s in range(slots):
-                for t in range(h_tiles):
-                    b.task(Op.MOE_DOWN, layer, "mlp_down", waits=(up[s],), signal=down,
-                           reads=(("route",),) + tuple(("act", s, i) for i in range(i_tiles)),
-                           writes=(("eout", s, t),), slot=s, col_tile=t)
-        # -- o projection
-        o = b.barrier(f"{L}.o_proj")
-        attn_regions = tuple(("attn", r, g) for r in range(B) for g in range(hkv))
-        for t in range(h_tiles):
-            b.task(Op.O_PROJ, layer, "o_proj", waits=(comb,), signal=o, reads=attn_regions,
-                   writes=(("o", t),), col_tile=t)
-        # -- expert combine
-        if not dense:
-            for t in range(h_tiles):
-                b.task(Op.MOE_COMBINE, layer, "moe_combine", waits=(down,), signal=mlp,
-                       reads=(("route",),) + tuple(("eout", s, t) for s in range(slots)),
-                       writes=(("mlp", t),), col_tile=t)
-        prev_o, prev_mlp = o, mlp
-    b.task(Op.FINAL_NORM, dims.num_layers, "final_norm", waits=(prev_o, prev_mlp),
-           reads=(("x",),) + o_regions + mlp_regions, writes=(("x",), ("out",)))
+                for t in range(H // n):
+                    b.task(Op.MOE_DOWN, layer, "mlp_down", waits=(bar["up"][s],), signal=bar["down"],
+                           load_wait=route, reads=(("route",), ("act", s)), writes=(("eout", s, t),), slot=s,
+                           row0=t * n, rows=n)
+
+        def combine_wave():
+            bar["comb"] = b.barrier(f"{L}.attn_combine")
+            for r in range(B):
+                for h0 in range(0, hq, heads_per_combine):
+                    b.task(Op.ATTN_COMBINE, layer, "attn_combine", waits=(bar["attn"],), signal=bar["comb"],
+                           reads=(("opart", r),), writes=(("attn", r, h0),), request=r, head0=h0,
+                           heads=heads_per_combine)
+
+        def o_wave():
+            bar["o"] = b.barrier(f"{L}.o_proj")
+            n = tiles.o_rows
+            for t in range(H // n):
+                b.task(Op.O_PROJ, layer, "o_proj", waits=(bar["comb"],), signal=bar["o"], reads=(("attn",),),
+                       writes=_units("o", p, t * n, n), row0=t * n, rows=n)
+
+        def moe_combine_wave():
+            for t in range(H // combine_cols):
+                b.task(Op.MOE_COMBINE, layer, "moe_combine", waits=(bar["down"],), signal=bar["mlp"],
+                       reads=(("route",), ("topk_w",), ("eout",)),
+                       writes=_units("mlp", p, t * combine_cols, combine_cols), col0=t * combine_cols,
+                       cols=combine_cols)
+
+        waves = {"router": router_wave, "qkv": qkv_wave, "router_topk": topk_wave, "attn_partial": attn_wave,
+                 "mlp_up": up_wave, "mlp_down": down_wave, "attn_combine": combine_wave, "o_proj": o_wave,
+                 "moe_combine": moe_combine_wave}
+        for wave in order:
+            if dense and wave in MOE_ONLY_WAVES:
+                continue
+            waves[wave]()
+        prev_o, prev_mlp = bar["o"], bar["mlp"]
+    norm_wave(dims.num_layers, True, "final_norm", NO_BARRIER)
 
     for t in b.tasks:
         if t.signal != NO_BARRIER:
@@ -261,15 +360,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     for t in b.tasks:  # round-robin in wave order
         t.sm = t.index % shape.num_sms
         sm_tasks[t.sm].append(t.index)
-    return Schedule(dims, shape, b.tasks, b.barriers, sm_tasks)
+    return Schedule(dims, shape, tiles, b.tasks, b.barriers, sm_tasks)
 
 
-def attn_splits_for(max_context: int, keys_per_split: int = 1024, max_splits: int = 16,
-                    batch: int | None = None, num_kv_heads: int = 1, num_sms: int | None = None) -> int:
-    """Splits per (request, kv head): enough that each split reads ~keys_per_split keys of the longest
-    context, but no more than it takes to give every SM about two attention tasks -- a large batch is
-    already parallel across requests, and every split is a task, a partial result and a combine input."""
-    splits = max(1, min(max_splits, math.ceil(max_context / keys_per_split)))
-    if batch is not None and num_sms is not None:
-        splits = min(splits, max(1, math.ceil(2 * num_sms / (batch * num_kv_heads))))
-    return splits
+__all__ = ["Barrier", "MOE_ONLY_WAVES", "Schedule", "StepShape", "Task", "WAVE_ORDERS", "build_schedule", "moe_slots"]

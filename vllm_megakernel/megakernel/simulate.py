@@ -6,12 +6,17 @@ Three checks, none of which needs a GPU:
   task starts only when every barrier it waits on has reached its target, finishing a task adds one to its
   signal barrier -- with a chosen interleaving of SMs. It raises :class:`Deadlock` when no SM can move
   (naming each stuck task, barrier, expected and seen counts), :class:`BarrierOverflow` when a barrier is
-  signalled past its target, and :class:`BarrierCountError` when a barrier ends off its target.
+  signalled past its target, and :class:`BarrierCountError` when a barrier ends off its target. The
+  kernel's producer warp also waits on a barrier before issuing some loads (``Task.load_wait``: expert
+  weights after the layer's routing, the tile holding the new token after the layer's qkv); ``run`` checks
+  that every such barrier is signalled only by lower-numbered tasks, which is what keeps a producer from
+  deadlocking against its own consumers.
 - ``check_races``: proves from the barrier graph alone that any two tasks touching the same logical
   region, at least one of them writing, are ordered (happens-before through program order and barriers).
   A missing dependency fails here even when one lucky interleaving would have produced the right numbers.
-- ``Numerics``: executes each opcode with torch ops on a workspace, as the kernel's tile would, so that a
-  whole step run through the schedule can be compared with :func:`vllm_megakernel.reference.decode_step`.
+- ``Numerics``: executes each opcode with torch ops on a workspace laid out as the kernel's
+  (:func:`layout.workspace_spec`), so that a whole step run through the schedule can be compared with
+  :func:`vllm_megakernel.reference.decode_step`, and one wave can be compared with the kernel's own output.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import random
 from collections import defaultdict
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vllm_megakernel.megakernel import layout
 from vllm_megakernel.megakernel.abi import NO_BARRIER
 from vllm_megakernel.megakernel.schedule import Schedule, Task
-from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, rope_interleaved, route
+from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route
 
 
 class ScheduleError(RuntimeError):
@@ -55,49 +62,79 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     ``order``: ``"round_robin"`` advances SMs in turn; ``"random"`` picks a random runnable SM each time
     (a different legal interleaving per seed); ``"reverse"`` prefers the highest-numbered runnable SM.
     """
+    _check_producer_waits(schedule)
     counts = [0] * len(schedule.barriers)
-    pcs = [0] * len(schedule.sm_tasks)
+    targets = [b.target for b in schedule.barriers]
+    lists = schedule.sm_tasks
+    pcs = [0] * len(lists)
     rng = random.Random(seed)
     done: list[int] = []
-    remaining = sum(len(t) for t in schedule.sm_tasks)
+    remaining = sum(len(t) for t in lists)
+    waiting: dict[int, list[int]] = defaultdict(list)  # barrier -> SMs whose next task waits on it
+    ready: set[int] = set()
     cursor = 0
 
-    def runnable(sm: int) -> bool:
-        if pcs[sm] >= len(schedule.sm_tasks[sm]):
-            return False
-        task = schedule.tasks[schedule.sm_tasks[sm][pcs[sm]]]
-        return all(counts[b] >= schedule.barriers[b].target for b in task.waits)
+    def park(sm: int) -> None:
+        """Puts an SM whose next task is set into ``ready`` or under the first barrier it still needs."""
+        if pcs[sm] >= len(lists[sm]):
+            return
+        task = schedule.tasks[lists[sm][pcs[sm]]]
+        for b in task.waits:
+            if counts[b] < targets[b]:
+                waiting[b].append(sm)
+                return
+        ready.add(sm)
 
+    for sm in range(len(lists)):
+        park(sm)
+    n = len(lists)
     while remaining:
-        ready = [sm for sm in range(len(pcs)) if runnable(sm)]
         if not ready:
             raise Deadlock(_deadlock_report(schedule, pcs, counts))
         if order == "random":
-            sm = rng.choice(ready)
+            sm = rng.choice(sorted(ready))
         elif order == "reverse":
-            sm = ready[-1]
+            sm = max(ready)
         else:
-            sm = min(ready, key=lambda s: (s - cursor) % len(pcs))
+            sm = min(ready, key=lambda s: (s - cursor) % n)
             cursor = sm + 1
-        task = schedule.tasks[schedule.sm_tasks[sm][pcs[sm]]]
+        ready.discard(sm)
+        task = schedule.tasks[lists[sm][pcs[sm]]]
         if execute is not None:
             execute(task)
         if task.signal != NO_BARRIER:
             counts[task.signal] += 1
-            target = schedule.barriers[task.signal].target
+            target = targets[task.signal]
             if counts[task.signal] > target:
                 raise BarrierOverflow(
                     f"{task.describe()} signalled {schedule.barrier_name(task.signal)} to "
                     f"{counts[task.signal]}, past its target {target}"
                 )
+            if counts[task.signal] == target:
+                for other in waiting.pop(task.signal, []):
+                    park(other)
         pcs[sm] += 1
         remaining -= 1
         done.append(task.index)
+        park(sm)
     wrong = [(schedule.barrier_name(b), counts[b], bar.target) for b, bar in enumerate(schedule.barriers)
              if counts[b] != bar.target]
     if wrong:
         raise BarrierCountError("barriers off target after the step (name, seen, target): " + repr(wrong[:10]))
     return done
+
+
+def _check_producer_waits(schedule: Schedule) -> None:
+    last_signaller = [-1] * len(schedule.barriers)
+    for t in schedule.tasks:
+        if t.signal != NO_BARRIER:
+            last_signaller[t.signal] = max(last_signaller[t.signal], t.index)
+    for t in schedule.tasks:
+        b = t.load_wait
+        if b != NO_BARRIER:
+            if last_signaller[b] >= t.index:
+                raise Deadlock(f"the producer of {t.describe()} would wait on {schedule.barrier_name(b)}, which "
+                               f"task {last_signaller[b]} (not earlier in the step) signals")
 
 
 def _deadlock_report(schedule: Schedule, pcs: list[int], counts: list[int]) -> str:
@@ -113,47 +150,88 @@ def _deadlock_report(schedule: Schedule, pcs: list[int], counts: list[int]) -> s
     return "deadlock: no SM can make progress\n  " + "\n  ".join(lines[:20])
 
 
-def happens_before(schedule: Schedule) -> list[int]:
-    """Per task, a bitset (Python int) of every task ordered before it by program order or barriers."""
-    signallers: dict[int, list[int]] = defaultdict(list)
-    for t in schedule.tasks:
-        if t.signal != NO_BARRIER:
-            signallers[t.signal].append(t.index)
-    preds: list[list[int]] = [[] for _ in schedule.tasks]
-    for sm_list in schedule.sm_tasks:
-        for a, b in zip(sm_list, sm_list[1:]):
-            preds[b].append(a)
-    for t in schedule.tasks:
-        for bar in t.waits:
-            preds[t.index].extend(signallers[bar])
-    order = run(schedule)  # a topological order (raises on deadlock)
-    before = [0] * len(schedule.tasks)
-    for i in order:
-        acc = 0
-        for p in preds[i]:
-            acc |= before[p] | (1 << p)
-        before[i] = acc
-    return before
+class HappensBefore:
+    """Vector clocks over the schedule: ``clock[t][s]`` is how many of SM s's tasks happen before task t
+    (by program order and barriers; always a prefix of s's list). ``ordered(a, b)``: a happens before b."""
+
+    def __init__(self, schedule: Schedule):
+        n_sm = len(schedule.sm_tasks)
+        self.sm = np.array([t.sm for t in schedule.tasks], dtype=np.int64)
+        self.pos = np.zeros(len(schedule.tasks), dtype=np.int64)
+        prev = [-1] * len(schedule.tasks)
+        for lst in schedule.sm_tasks:
+            for i, t in enumerate(lst):
+                self.pos[t] = i
+                prev[t] = lst[i - 1] if i else -1
+        signallers: dict[int, list[int]] = defaultdict(list)
+        for t in schedule.tasks:
+            if t.signal != NO_BARRIER:
+                signallers[t.signal].append(t.index)
+        self.clock = np.zeros((len(schedule.tasks), n_sm), dtype=np.int32)
+        joins: dict[int, np.ndarray] = {}
+        for i in run(schedule):  # a topological order (raises on deadlock)
+            c = self.clock[i]
+            p = prev[i]
+            if p >= 0:
+                np.maximum(c, self.clock[p], out=c)
+                c[self.sm[p]] = max(c[self.sm[p]], self.pos[p] + 1)
+            for b in schedule.tasks[i].waits:
+                if b not in joins:
+                    j = np.zeros(n_sm, dtype=np.int32)
+                    for u in signallers[b]:
+                        np.maximum(j, self.clock[u], out=j)
+                        j[self.sm[u]] = max(j[self.sm[u]], self.pos[u] + 1)
+                    joins[b] = j
+                np.maximum(c, joins[b], out=c)
+
+    def ordered(self, a: int, b: int) -> bool:
+        return bool(self.clock[b, self.sm[a]] > self.pos[a])
 
 
 def check_races(schedule: Schedule) -> None:
-    """Raises :class:`RaceError` naming two unordered tasks that touch one region, one of them writing."""
-    before = happens_before(schedule)
-    access: dict[tuple, list[tuple[int, bool]]] = defaultdict(list)
+    """Raises :class:`RaceError` naming two unordered tasks that touch one region, one of them writing.
+
+    Per region, the accesses in a topological order must look like W R.. W R.. with every writer ordered
+    after the previous writer and every reader between two writers ordered after the first and before the
+    second; by transitivity that orders every conflicting pair."""
+    hb = HappensBefore(schedule)
+    topo = {t: k for k, t in enumerate(run(schedule))}
+    writes: dict[tuple, list[int]] = defaultdict(list)
+    reads_by_prefix: dict[tuple, list[int]] = defaultdict(list)
     for t in schedule.tasks:
-        for r in t.reads:
-            access[r].append((t.index, False))
         for r in t.writes:
-            access[r].append((t.index, True))
-    for region, users in access.items():
-        writers = [i for i, w in users if w]
-        for w in writers:
-            for other, _ in users:
-                if other == w:
-                    continue
-                if not (before[other] >> w) & 1 and not (before[w] >> other) & 1:
-                    tw, to = schedule.tasks[w], schedule.tasks[other]
-                    raise RaceError(f"{tw.describe()} writes {region} unordered with {to.describe()}")
+            writes[r].append(t.index)
+        for r in t.reads:
+            reads_by_prefix[r].append(t.index)
+    for key, writers in writes.items():
+        readers = [i for n in range(1, len(key) + 1) for i in reads_by_prefix.get(key[:n], ())]
+        events = sorted([(topo[i], i, True) for i in writers] + [(topo[i], i, False) for i in readers])
+        last_writer = None
+        pending: list[int] = []  # readers since the last writer
+        for _, i, is_write in events:
+            if is_write:
+                if last_writer is not None and last_writer != i and not hb.ordered(last_writer, i):
+                    _race(schedule, key, i, last_writer)
+                for r in pending:
+                    if r != i and not hb.ordered(r, i):
+                        _race(schedule, key, i, r)
+                last_writer, pending = i, []
+            else:
+                if last_writer is not None and last_writer != i and not hb.ordered(last_writer, i):
+                    _race(schedule, key, last_writer, i)
+                pending.append(i)
+
+
+def _race(schedule: Schedule, key: tuple, writer: int, other: int) -> None:
+    tw, to = schedule.tasks[writer], schedule.tasks[other]
+    raise RaceError(f"{tw.describe()} writes {key} unordered with {to.describe()}")
+
+
+def happens_before(schedule: Schedule) -> HappensBefore:
+    return HappensBefore(schedule)
+
+
+_DTYPES = {"bf16": None, "f32": torch.float32, "i32": torch.int32}
 
 
 class Numerics:
@@ -161,34 +239,23 @@ class Numerics:
 
     def __init__(self, schedule: Schedule, weights: Weights, inputs: DecodeInputs):
         self.s, self.dims, self.w, self.inp = schedule, schedule.dims, weights, inputs
-        dims, B = schedule.dims, schedule.shape.batch
         dt, dev = weights.embed.dtype, weights.embed.device
-        d, hq, hkv, S = dims.head_dim, dims.num_heads, dims.num_kv_heads, schedule.shape.attn_splits
-        self.group = hq // hkv
-        nan = float("nan")  # unwritten workspace must never be read
-        self.x = torch.full((B, dims.hidden), nan, dtype=dt, device=dev)
-        self.hn = torch.full_like(self.x, nan)
-        self.q = torch.full((B, hq, d), nan, dtype=dt, device=dev)
-        self.opart = torch.full((B, hkv, S, self.group, d), nan, dtype=torch.float32, device=dev)
-        self.lse = torch.full((B, hkv, S, self.group), nan, dtype=torch.float32, device=dev)
-        self.attn = torch.full((B, hq * d), nan, dtype=dt, device=dev)
-        self.o = torch.full_like(self.x, nan)
-        self.mlp = torch.full_like(self.x, nan)
-        self.out = torch.full_like(self.x, nan)
-        moe_i, dense_i = weights.intermediates()
-        self.dact = torch.full((B, dense_i), nan, dtype=dt, device=dev)
-        K = dims.top_k
-        self.act = torch.full((B * K, moe_i), nan, dtype=dt, device=dev)
-        self.eout = torch.full((B * K, dims.hidden), nan, dtype=dt, device=dev)
-        self.topk_w = torch.zeros(B, K, dtype=torch.float32, device=dev)
+        self.group = self.dims.num_heads // self.dims.num_kv_heads
+        self.spec = layout.workspace_spec(self.dims, schedule.shape.batch, schedule.shape.attn_splits,
+                                          *weights.intermediates())
+        for name, (shape, dtype) in self.spec.items():
+            if name == "route":
+                continue
+            t = _DTYPES[dtype] or dt
+            # unwritten workspace must never be read: NaN shows up wherever it is
+            setattr(self, name, torch.full(shape, float("nan"), dtype=t, device=dev))
         self.slot_expert: list[int] = []
         self.slot_rows: list[list[int]] = []
         self.live = inputs.seq_lens > 0
 
-    # -- the kernel's workspace (runtime.allocate_workspace): every buffer is used as a flat prefix laid out
-    # for this schedule's batch and splits; the route buffer is [num_active, slot_expert[slots],
-    # slot_count[slots], slot_rows[slots][batch]] (csrc/common.cuh).
-    _BUFFERS = ("x", "hn", "q", "opart", "lse", "attn", "o", "mlp", "out", "dact", "act", "eout", "topk_w")
+    # -- the kernel's workspace: every buffer is a flat prefix laid out for this schedule's batch and splits
+    _BUFFERS = ("x", "hn", "q", "opart", "lse", "attn", "o", "mlp", "out", "scores", "topk_w", "dact", "act",
+                "eout")
 
     def load_workspace(self, ws: dict[str, torch.Tensor]) -> None:
         """Adopts the state of a kernel workspace, e.g. after the kernel ran a truncated schedule, so the
@@ -197,11 +264,11 @@ class Numerics:
             dst = getattr(self, name)
             dst.copy_(ws[name].reshape(-1)[: dst.numel()].view(dst.shape))
         route = ws["route"].tolist()
-        slots, B = self.s.num_slots, self.s.shape.batch
+        off, B = layout.route_offsets(self.dims, self.s.shape.batch), self.s.shape.batch
         active = route[0]
-        self.slot_expert = route[1:1 + active]
-        counts = route[1 + slots:1 + slots + active]
-        base = 1 + 2 * slots
+        self.slot_expert = route[off["expert"]:off["expert"] + active]
+        counts = route[off["count"]:off["count"] + active]
+        base = off["rows"]
         self.slot_rows = [route[base + s * B:base + s * B + counts[s]] for s in range(active)]
 
     def store_workspace(self, ws: dict[str, torch.Tensor]) -> None:
@@ -209,116 +276,145 @@ class Numerics:
         for name in self._BUFFERS:
             src = getattr(self, name)
             ws[name].reshape(-1)[: src.numel()].copy_(src.reshape(-1))
-        slots, B = self.s.num_slots, self.s.shape.batch
+        off, B = layout.route_offsets(self.dims, self.s.shape.batch), self.s.shape.batch
         route = ws["route"]
         route[0] = len(self.slot_expert)
         for s, (e, rows) in enumerate(zip(self.slot_expert, self.slot_rows)):
-            route[1 + s] = e
-            route[1 + slots + s] = len(rows)
-            base = 1 + 2 * slots + s * B
+            route[off["expert"] + s] = e
+            route[off["count"] + s] = len(rows)
+            base = off["rows"] + s * B
             route[base:base + len(rows)] = torch.tensor(rows, dtype=route.dtype)
-
-    def cols(self, tile: int) -> slice:
-        n = self.s.shape.tile_n
-        return slice(tile * n, (tile + 1) * n)
 
     def __call__(self, task: Task) -> None:
         getattr(self, task.op.name.lower())(task.layer, **task.fields)
 
-    # -- norms
-    def embed_rmsnorm(self, layer: int) -> None:
-        self.x[:] = self.w.embed[self.inp.input_ids.long()]
-        self.hn[:] = rms_norm(self.x, self.w.layers[0].norm, self.dims.eps)
+    # -- the residual stream and its norm
+    def _residual(self, layer: int) -> torch.Tensor:
+        """x_l: the embedding on layer 0, else (x + attn) + mlp of the previous layer, in the order vLLM adds
+        (bf16 rounding after each add)."""
+        if layer == 0:
+            return self.w.embed[self.inp.input_ids.long()]
+        pp = (layer - 1) % 2
+        return self.x[pp] + self.o[pp] + self.mlp[pp]
 
-    def _residual(self) -> None:
-        self.x[:] = self.x + self.o + self.mlp  # (x + attn) + mlp, the order vLLM adds in
+    def _normed(self, layer: int, fold: int) -> torch.Tensor:
+        if not fold:
+            return self.hn
+        return rms_norm(self._residual(layer), self.w.layers[layer].norm, self.dims.eps)
 
-    def add_rmsnorm(self, layer: int) -> None:
-        self._residual()
-        self.hn[:] = rms_norm(self.x, self.w.layers[layer].norm, self.dims.eps)
-
-    def final_norm(self, layer: int) -> None:
-        self._residual()
-        self.out[:] = torch.where(self.live[:, None], rms_norm(self.x, self.w.final_norm, self.dims.eps),
-                                  torch.zeros_like(self.x))
+    def norm(self, layer: int, row0: int, rows: int, final: int) -> None:
+        r = slice(row0, row0 + rows)
+        x = self._residual(layer)[r]
+        self.x[layer % 2, r] = x
+        if final:
+            out = rms_norm(x, self.w.final_norm, self.dims.eps)
+            self.out[r] = torch.where(self.live[r, None], out, torch.zeros_like(out))
+        else:
+            self.hn[r] = rms_norm(x, self.w.layers[layer].norm, self.dims.eps)
 
     # -- attention
-    def qkv_rope(self, layer: int, head: int) -> None:
+    def qkv_rope(self, layer: int, row0: int, rows: int, norm: int, write_x: int) -> None:
         dims, d = self.dims, self.dims.head_dim
-        y = self.hn @ self.w.layers[layer].qkv[head * d:(head + 1) * d].t()  # [B, D]
+        if write_x:
+            self.x[layer % 2] = self._residual(layer)
+        y = self._normed(layer, norm) @ self.w.layers[layer].qkv[row0:row0 + rows].t()  # [B, rows], bf16
+        n = torch.arange(row0, row0 + rows, device=y.device)
         hq, hkv = dims.num_heads, dims.num_kv_heads
-        if head < hq + hkv and dims.rope[layer]:
-            y = rope_interleaved(y[:, None], self.inp.positions, dims.rope_theta)[:, 0]
-        if head < hq:
-            self.q[:, head] = y
-            return
-        kv_index, g = (0, head - hq) if head < hq + hkv else (1, head - hq - hkv)
+        if dims.rope[layer]:  # interleaved pairs (2i, 2i+1) of each q and k head turn by position * theta^(-2i/D)
+            i = (n % d) // 2
+            inv_freq = 1.0 / (dims.rope_theta ** ((2 * i).to(torch.float32) / d))
+            ang = self.inp.positions.to(torch.float32)[:, None] * inv_freq[None, :]
+            yf = y.float()
+            even, odd = yf[:, 0::2], yf[:, 1::2]
+            c, s = ang.cos()[:, 0::2], ang.sin()[:, 0::2]
+            rot = torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(1)
+            turned = (n // d < hq + hkv)[None, :]
+            y = torch.where(turned, rot.to(y.dtype), y)
         cache = self.inp.kv_caches[layer]
-        slots = self.inp.groups[self.inp.layer_group[layer]].slot_mapping
+        slots = self.inp.groups[self.inp.layer_group[layer]].slot_mapping.tolist()
         bs = cache.shape[2]
-        for r, slot in enumerate(slots.tolist()):
-            if slot >= 0:
-                cache[slot // bs, kv_index, slot % bs, g] = y[r]
+        for j, row in enumerate(range(row0, row0 + rows)):
+            head, dd = divmod(row, d)
+            if head < hq:
+                self.q[:, head, dd] = y[:, j]
+                continue
+            kv, g = (0, head - hq) if head < hq + hkv else (1, head - hq - hkv)
+            for r, slot in enumerate(slots):
+                if slot >= 0:
+                    cache[slot // bs, kv, slot % bs, g, dd] = y[r, j]
 
-    def attn_partial(self, layer: int, request: int, kv_head: int, split: int, num_splits: int) -> None:
+    def attn_partial(self, layer: int, request: int, split: int) -> None:
         seq_len = int(self.inp.seq_lens[request])
-        lo, hi = self._split_range(layer, seq_len, split, num_splits)
-        if lo >= hi:  # past the end of this sequence (or a padding row): nothing to attend
-            self.opart[request, kv_head, split] = 0.0
-            self.lse[request, kv_head, split] = float("-inf")
+        window = self.dims.sliding_window if self.dims.sliding[layer] else None
+        first, per, used = layout.attn_split_tiles(seq_len, window, self.s.shape.attn_splits,
+                                                   self.s.shape.attn_min_tiles)
+        if split >= used:  # past the end of this sequence (or a padding row): nothing to attend, nothing written
             return
+        start, _ = layout.visible_range(seq_len, window)
+        lo = max(start, (first + split * per) * layout.ATTN_TILE)
+        hi = min(seq_len, (first + (split + 1) * per) * layout.ATTN_TILE)
         cache = self.inp.kv_caches[layer]
         table = self.inp.groups[self.inp.layer_group[layer]].block_table[request]
         bs = cache.shape[2]
         pos = torch.arange(lo, hi, device=cache.device)
         blocks, offs = table[pos // bs].long(), pos % bs
-        k = cache[blocks, 0, offs, kv_head].float()  # [T, D]
-        v = cache[blocks, 1, offs, kv_head].float()
-        q = self.q[request, kv_head * self.group:(kv_head + 1) * self.group].float()  # [G, D]
-        scores = (q @ k.t()) * self.dims.head_dim ** -0.5  # [G, T]
+        k = cache[blocks, 0, offs].float()  # [T, Hkv, D]
+        v = cache[blocks, 1, offs].float()
+        q = self.q[request].float().view(self.dims.num_kv_heads, self.group, -1)  # [Hkv, G, D]
+        scores = torch.einsum("kgd,tkd->kgt", q, k) * self.dims.head_dim ** -0.5
         m = scores.max(-1, keepdim=True).values
         p = (scores - m).exp()
         denom = p.sum(-1, keepdim=True)
-        self.opart[request, kv_head, split] = (p @ v) / denom
-        self.lse[request, kv_head, split] = (m + denom.log())[:, 0]
+        out = torch.einsum("kgt,tkd->kgd", p, v) / denom
+        self.opart[request, split] = out.reshape(self.dims.num_heads, -1)
+        self.lse[request, split] = (m + denom.log()).reshape(-1)
 
-    def _split_range(self, layer: int, seq_len: int, split: int, num_splits: int) -> tuple[int, int]:
+    def attn_combine(self, layer: int, request: int, head0: int, heads: int) -> None:
+        d = self.dims.head_dim
+        cols = slice(head0 * d, (head0 + heads) * d)
+        seq_len = int(self.inp.seq_lens[request])
         window = self.dims.sliding_window if self.dims.sliding[layer] else None
-        start = 0 if window is None else max(0, seq_len - window)
-        chunk = -(-(seq_len - start) // num_splits)
-        lo = start + split * chunk
-        return lo, min(seq_len, lo + chunk)
-
-    def attn_combine(self, layer: int, request: int, kv_head: int, num_splits: int) -> None:
-        heads = slice(kv_head * self.group * self.dims.head_dim, (kv_head + 1) * self.group * self.dims.head_dim)
-        lse = self.lse[request, kv_head]  # [S, G]
-        if not torch.isfinite(lse).any():  # padding row: no keys at all
-            self.attn[request, heads] = 0.0
+        _, _, used = layout.attn_split_tiles(seq_len, window, self.s.shape.attn_splits,
+                                             self.s.shape.attn_min_tiles)
+        if used == 0:  # padding row: no keys at all
+            self.attn[request, cols] = 0.0
             return
-        scale = (lse - lse.max(0).values).exp()  # [S, G]
-        out = (self.opart[request, kv_head] * scale[..., None]).sum(0) / scale.sum(0)[:, None]
-        self.attn[request, heads] = out.reshape(-1).to(self.attn.dtype)
+        lse = self.lse[request, :used, head0:head0 + heads]  # [S, h]
+        scale = (lse - lse.max(0).values).exp()
+        out = (self.opart[request, :used, head0:head0 + heads] * scale[..., None]).sum(0) / scale.sum(0)[:, None]
+        self.attn[request, cols] = out.reshape(-1).to(self.attn.dtype)
 
-    def o_proj(self, layer: int, col_tile: int) -> None:
-        c = self.cols(col_tile)
-        self.o[:, c] = self.attn @ self.w.layers[layer].o[c].t()
+    def o_proj(self, layer: int, row0: int, rows: int) -> None:
+        c = slice(row0, row0 + rows)
+        self.o[layer % 2, :, c] = self.attn @ self.w.layers[layer].o[c].t()
 
     # -- dense prefix MLP
-    def dense_upgate(self, layer: int, col_tile: int) -> None:
-        lw, c = self.w.layers[layer], self.cols(col_tile)
+    def dense_upgate(self, layer: int, col0: int, cols: int, norm: int) -> None:
+        lw = self.w.layers[layer]
         inter = lw.down.shape[1]
-        gate = self.hn @ lw.gate_up[c].t()
-        up = self.hn @ lw.gate_up[inter + c.start:inter + c.stop].t()
-        self.dact[:, c] = F.silu(gate) * up
+        h = self._normed(layer, norm)
+        gate = h @ lw.gate_up[col0:col0 + cols].t()
+        up = h @ lw.gate_up[inter + col0:inter + col0 + cols].t()
+        self.dact[:, col0:col0 + cols] = _silu_mul(gate, up)
 
-    def dense_down(self, layer: int, col_tile: int) -> None:
-        c = self.cols(col_tile)
-        self.mlp[:, c] = self.dact @ self.w.layers[layer].down[c].t()
+    def dense_down(self, layer: int, row0: int, rows: int) -> None:
+        c = slice(row0, row0 + rows)
+        self.mlp[layer % 2, :, c] = self.dact @ self.w.layers[layer].down[c].t()
 
     # -- MoE
-    def router(self, layer: int) -> None:
+    def router(self, layer: int, row0: int, rows: int, norm: int, write_hn: int) -> None:
+        h = self._normed(layer, norm)
+        if write_hn:
+            self.hn[:] = h
+        logits = h @ self.w.layers[layer].router[row0:row0 + rows].t()  # bf16, like vLLM's gate
+        self.scores[:, row0:row0 + rows] = logits.float().sigmoid()
+
+    def router_topk(self, layer: int) -> None:
         dims = self.dims
-        weights, experts, _ = route(self.hn, self.w.layers[layer].router, dims)
+        weights, experts = torch.sort(self.scores, dim=-1, descending=True, stable=True)
+        weights, experts = weights[:, :dims.top_k], experts[:, :dims.top_k]
+        if dims.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
         self.topk_w[:] = weights
         rows: dict[int, list[int]] = defaultdict(list)
         for r in range(experts.shape[0]):
@@ -328,32 +424,36 @@ class Numerics:
         self.slot_expert = sorted(rows)
         self.slot_rows = [rows[e] for e in self.slot_expert]
 
-    def moe_upgate(self, layer: int, slot: int, col_tile: int) -> None:
+    def moe_upgate(self, layer: int, slot: int, col0: int, cols: int) -> None:
         if slot >= len(self.slot_expert):
             return  # fewer experts chosen than slots: this slot has no work
-        lw, c, K = self.w.layers[layer], self.cols(col_tile), self.dims.top_k
+        lw, K = self.w.layers[layer], self.dims.top_k
         inter = lw.w2.shape[2]
         e, rows = self.slot_expert[slot], self.slot_rows[slot]
         h = self.hn[[r // K for r in rows]]
-        gate = h @ lw.w13[e, c].t()
-        up = h @ lw.w13[e, inter + c.start:inter + c.stop].t()
-        self.act[rows, c] = F.silu(gate) * up
+        gate = h @ lw.w13[e, col0:col0 + cols].t()
+        up = h @ lw.w13[e, inter + col0:inter + col0 + cols].t()
+        self.act[rows, col0:col0 + cols] = _silu_mul(gate, up)
 
-    def moe_down(self, layer: int, slot: int, col_tile: int) -> None:
+    def moe_down(self, layer: int, slot: int, row0: int, rows: int) -> None:
         if slot >= len(self.slot_expert):
             return
-        c = self.cols(col_tile)
-        e, rows = self.slot_expert[slot], self.slot_rows[slot]
-        self.eout[rows, c] = self.act[rows] @ self.w.layers[layer].w2[e, c].t()
+        e, token_rows = self.slot_expert[slot], self.slot_rows[slot]
+        self.eout[token_rows, row0:row0 + rows] = self.act[token_rows] @ self.w.layers[layer].w2[e, row0:row0 + rows].t()
 
-    def moe_combine(self, layer: int, col_tile: int) -> None:
-        c, K = self.cols(col_tile), self.dims.top_k
-        acc = torch.zeros(self.mlp[:, c].shape, dtype=torch.float32, device=self.mlp.device)
+    def moe_combine(self, layer: int, col0: int, cols: int) -> None:
+        c, K = slice(col0, col0 + cols), self.dims.top_k
+        acc = torch.zeros((self.mlp.shape[1], cols), dtype=torch.float32, device=self.mlp.device)
         for r in range(acc.shape[0]):
             if self.live[r]:
                 for k in range(K):
                     acc[r] += self.topk_w[r, k] * self.eout[r * K + k, c].float()
-        self.mlp[:, c] = acc.to(self.mlp.dtype)
+        self.mlp[layer % 2, :, c] = acc.to(self.mlp.dtype)
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up on the rounded GEMM outputs, in fp32, rounded once (vLLM's SiluAndMul)."""
+    return (F.silu(gate.float()) * up.float()).to(gate.dtype)
 
 
 def decode_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, order: str = "round_robin",
@@ -368,6 +468,6 @@ def decode_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, orde
 
 
 __all__ = [
-    "BarrierCountError", "BarrierOverflow", "Deadlock", "Numerics", "RaceError", "ScheduleError",
-    "check_races", "decode_step", "happens_before", "run",
+    "BarrierCountError", "BarrierOverflow", "Deadlock", "HappensBefore", "Numerics", "RaceError",
+    "ScheduleError", "check_races", "decode_step", "happens_before", "run",
 ]

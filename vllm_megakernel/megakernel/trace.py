@@ -4,7 +4,9 @@
 SM, wait start, run start, end; globaltimer ns). This module turns it into a per-wave table:
 
 - tasks per layer and the SMs they landed on;
-- run time: mean body time of one task (run start to end), the work the wave does per task;
+- run time: mean body time of one task (run start to end), the work the wave does per task, and its
+  phases: until the activation rows were staged (inputs), from then until the last weight or K/V stage
+  was consumed (stages), and the fence and barrier after the body (tail, its outputs becoming visible);
 - wait time: mean time a task's leader spent on its input barriers, i.e. waiting for earlier waves;
 - span: per layer, first run start to last end of the wave's tasks, averaged over layers -- the wall time
   the wave occupies on the critical path when waves do not overlap;
@@ -32,6 +34,9 @@ class WaveTime:
     tasks_per_layer: float
     sms: int
     run_us: float  # mean task body time
+    inputs_us: float  # of which until the activation rows were staged (ops that stage them)
+    stages_us: float  # of which from then until the last weight / K/V stage was consumed
+    tail_us: float  # of which after the body returned: fence and named barrier before the signal
     wait_us: float  # mean time on input barriers
     span_us: float  # mean per-layer span
     share: float  # summed spans / step time
@@ -58,6 +63,10 @@ def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[Wa
     for wave in order:
         idx = torch.tensor(by_wave[wave])
         run = (f["end_ns"][idx] - f["run_start_ns"][idx]).double() / 1e3
+        tail = (f["end_ns"][idx] - f["compute_end_ns"][idx]).double() / 1e3
+        marked = idx[(f["inputs_ns"][idx] > 0) & (f["stages_ns"][idx] > 0)]
+        inputs = (f["inputs_ns"][marked] - f["run_start_ns"][marked]).double() / 1e3
+        stages = (f["stages_ns"][marked] - f["inputs_ns"][marked]).double() / 1e3
         wait = (f["run_start_ns"][idx] - f["wait_start_ns"][idx]).double() / 1e3
         per_layer: dict[int, list[int]] = defaultdict(list)
         for i in by_wave[wave]:
@@ -67,7 +76,10 @@ def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[Wa
         ops = sorted({schedule.tasks[i].op.name for i in by_wave[wave]})
         rows.append(WaveTime(
             wave=wave, ops="/".join(ops), layers=len(per_layer), tasks_per_layer=len(idx) / len(per_layer),
-            sms=len(set(f["sm"][idx].tolist())), run_us=float(run.mean()), wait_us=float(wait.mean()),
+            sms=len(set(f["sm"][idx].tolist())), run_us=float(run.mean()),
+            inputs_us=float(inputs.mean()) if len(marked) else 0.0,
+            stages_us=float(stages.mean()) if len(marked) else 0.0, tail_us=float(tail.mean()),
+            wait_us=float(wait.mean()),
             span_us=sum(spans) / len(spans), share=sum(spans) / step_us if step_us else 0.0,
         ))
     return step_us, rows
@@ -75,9 +87,10 @@ def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[Wa
 
 def markdown(step_us: float, rows: list[WaveTime]) -> str:
     lines = [f"step wall time (traced launch): {step_us:.1f} us", "",
-             "| wave | opcodes | layers | tasks/layer | SMs | task run us | task wait us | span us/layer | share |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| wave | opcodes | layers | tasks/layer | SMs | task run us | inputs | stages | tail | task wait us "
+             "| span us/layer | share |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.wave} | {r.ops} | {r.layers} | {r.tasks_per_layer:.0f} | {r.sms} | {r.run_us:.1f} | "
-                     f"{r.wait_us:.1f} | {r.span_us:.1f} | {100 * r.share:.0f}% |")
+                     f"{r.inputs_us:.1f} | {r.stages_us:.1f} | {r.tail_us:.1f} | {r.wait_us:.1f} | {r.span_us:.1f} | "
+                     f"{100 * r.share:.0f}% |")
     return "\n".join(lines) + "\n"

@@ -16,28 +16,19 @@ import dataclasses
 
 import torch
 
-from vllm_megakernel.megakernel import runtime
-from vllm_megakernel.megakernel.schedule import Schedule, StepShape, attn_splits_for, build_schedule
+from vllm_megakernel.megakernel import layout, runtime
+from vllm_megakernel.megakernel.schedule import Schedule, StepShape, build_schedule
 from vllm_megakernel.reference import DecodeInputs, KVGroup, ModelDims, Weights
 
 # The largest padded batch the megakernel serves; bigger decode batches take vLLM's stock path.
 MAX_BATCH = 64
 
 
-def unsupported_model_reasons(hf_config, tile_n: int = 128) -> list[str]:
-    """Model shapes the v1 kernel cannot tile (North Mini Code itself fits)."""
+def unsupported_model_reasons(hf_config) -> list[str]:
+    """Model shapes the kernel is not compiled for (North Mini Code itself fits)."""
     dims = ModelDims.from_config(hf_config)
-    reasons = []
-    sizes = {"hidden_size": dims.hidden, "intermediate_size": hf_config.intermediate_size,
-             "prefix_dense_intermediate_size": getattr(hf_config, "prefix_dense_intermediate_size", None) or 0}
-    for name, n in sizes.items():
-        if n % tile_n:
-            reasons.append(f"{name}={n} is not a multiple of the kernel's tile ({tile_n})")
-    if dims.head_dim > 256 or dims.head_dim % 8:
-        reasons.append(f"head_dim={dims.head_dim} (the kernel takes multiples of 8 up to 256)")
-    if dims.num_heads % dims.num_kv_heads:
-        reasons.append("query heads are not a multiple of KV heads")
-    return reasons
+    dense_i = getattr(hf_config, "prefix_dense_intermediate_size", None) or 0
+    return layout.model_mismatches(dims, hf_config.intermediate_size, dense_i)
 
 
 def batch_limit(compilation_config, max_batch: int = MAX_BATCH) -> int:
@@ -78,7 +69,6 @@ class MegakernelDecoder:
         self.num_sms = num_sms
         self.max_batch = max_batch
         self.max_model_len = max_model_len
-        self.splits = attn_splits_for(max_model_len)  # the most any batch size uses: sizes the workspace
         self.timeout_s = timeout_s
         self.weights: Weights | None = None
         self.entries: dict[int, _Entry] = {}
@@ -90,8 +80,8 @@ class MegakernelDecoder:
         # Allocated here, in the model's constructor, so vLLM's memory profiling sees it before it sizes
         # the KV cache; shared by the task lists of every batch size.
         self.workspace = runtime.allocate_workspace(
-            self.dims, max_batch, self.splits, self.moe_intermediate, self.dense_intermediate,
-            device=torch.device("cuda", torch.cuda.current_device()),
+            self.dims, [(b, self._shape(b).attn_splits) for b in range(1, max_batch + 1)], self.moe_intermediate,
+            self.dense_intermediate, device=torch.device("cuda", torch.cuda.current_device()),
         )
         self._error_flag_host = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=torch.cuda.is_available())
         self.routing_recorded = False
@@ -100,7 +90,7 @@ class MegakernelDecoder:
         """From the next launch on, every step writes each MoE layer's chosen experts to
         :meth:`recorded_routing` (for step-by-step comparisons in eager mode; task lists are rebuilt)."""
         ws = self.workspace
-        ws["route_log"] = torch.full((self.dims.num_layers, self.max_batch, self.dims.top_k), -1,
+        ws["route_log"] = torch.full((self.dims.num_layers * self.max_batch * self.dims.top_k,), -1,
                                      dtype=torch.int32, device=ws["x"].device)
         self.routing_recorded = True
         self.retired += [e.step for e in self.entries.values()]
@@ -110,6 +100,9 @@ class MegakernelDecoder:
         """int32 [num_layers, batch, top_k]: the experts the last launch (of this batch) chose per layer and
         row; -1 on layers without experts."""
         return runtime.routing_log(self.workspace, self.dims, batch)
+
+    def _shape(self, batch: int) -> StepShape:
+        return StepShape(batch=batch, num_sms=self.num_sms)
 
     # -- which batches
     def eligible(self, input_ids: torch.Tensor | None, inputs_embeds, intermediate_tensors) -> bool:
@@ -176,10 +169,7 @@ class MegakernelDecoder:
             self.weights = Weights.from_vllm_model(self.model)
         sched = self.schedules.get(batch)
         if sched is None:
-            splits = attn_splits_for(self.max_model_len, batch=batch, num_kv_heads=self.dims.num_kv_heads,
-                                     num_sms=self.num_sms)
-            sched = build_schedule(self.dims, StepShape(batch=batch, num_sms=self.num_sms, attn_splits=splits),
-                                   self.moe_intermediate, self.dense_intermediate)
+            sched = build_schedule(self.dims, self._shape(batch), self.moe_intermediate, self.dense_intermediate)
             self.schedules[batch] = sched
         step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s,
                                   route_log=self.routing_recorded, workspace=self.workspace)

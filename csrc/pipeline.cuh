@@ -1,0 +1,102 @@
+// The two rings between the producer warp and the consumer warps of a block, on hardware mbarriers.
+//
+// Descriptor ring (kDescSlots): task i lives in slot i % kDescSlots. desc_full[s] completes a phase when
+// the 32 producer lanes have stored their word of the descriptor (count 32); desc_empty[s] when every
+// consumer warp is done with the task, descriptor words included (count kConsumerWarps).
+//
+// Stage ring (kStages buffers of kStageBytes): the producer's n-th stage lives in buffer n % kStages.
+// full[s] completes when the producer's arrive (count 1, with the stage's byte count as expected
+// transaction bytes) and every bulk copy into the buffer have landed; empty[s] when every consumer warp
+// has released it (count kConsumerWarps). Every consumer warp walks every stage of every task in order,
+// also the stages it does not read, so that the arrival counts hold; both sides derive a task's stage
+// count from the same descriptor and device data.
+//
+// Phases: the n-th use of a buffer (n = count / ring size) is waited on with parity n & 1 by the side
+// that consumes it, and with parity (n & 1) ^ 1 by the side that refills it (a fresh barrier counts its
+// phase -1 as complete, so the first use of every buffer passes). Every wait checks the block's abort
+// flag while it spins, and only while the barrier is not yet complete, so after an abort every role
+// leaves from a wait without reaching a later named barrier (see megakernel.cu).
+#pragma once
+
+#include <cuda/ptx>
+
+#include "common.cuh"
+#include "roles.cuh"
+
+namespace vllm_megakernel {
+
+namespace ptx = cuda::ptx;
+
+constexpr int kStages = abi::kStages;
+constexpr int kStageBytes = abi::kStageBytes;
+constexpr int kDescSlots = abi::kDescSlots;
+
+struct PipelineStorage {
+  alignas(128) uint8_t stage[kStages][kStageBytes];
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+  int desc[kDescSlots][abi::kTaskWords];
+  uint64_t desc_full[kDescSlots];
+  uint64_t desc_empty[kDescSlots];
+  volatile int abort;  // raised by whichever role gave up; every ring wait checks it
+
+  // One thread, before the block-wide barrier that precedes any use.
+  __device__ void init() {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], kConsumerWarps);
+    }
+    for (int s = 0; s < kDescSlots; ++s) {
+      ptx::mbarrier_init(&desc_full[s], 32);
+      ptx::mbarrier_init(&desc_empty[s], kConsumerWarps);
+    }
+    abort = 0;
+  }
+
+  // Spins until the phase of the given parity has completed; false if the block aborted meanwhile.
+  __device__ __forceinline__ bool wait(uint64_t* bar, uint32_t parity) {
+    while (!ptx::mbarrier_try_wait_parity(bar, parity))
+      if (abort) return false;
+    return true;
+  }
+};
+
+// The producer's view of the stage ring (lane 0 of the producer warp only).
+struct StageProducer {
+  PipelineStorage& p;
+  uint32_t n = 0;  // stages issued so far
+
+  // Claims the next buffer and announces `bytes` of copies into it; nullptr if the block aborted.
+  __device__ uint8_t* begin(uint32_t bytes) {
+    const int s = n % kStages;
+    if (!p.wait(&p.empty[s], ((n / kStages) & 1) ^ 1)) return nullptr;
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &p.full[s], bytes);
+    return p.stage[s];
+  }
+  // One bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) into the claimed buffer.
+  __device__ void copy(uint8_t* dst, const void* src, uint32_t bytes) {
+    ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, dst, src, bytes, &p.full[n % kStages]);
+  }
+  __device__ void end() { ++n; }
+};
+
+// A consumer warp's view of the stage ring.
+struct StageConsumer {
+  PipelineStorage& p;
+  uint32_t n = 0;  // stages consumed so far
+
+  // The next stage once its copies have landed; nullptr if the block aborted.
+  __device__ const uint8_t* wait() {
+    const int s = n % kStages;
+    if (!p.wait(&p.full[s], (n / kStages) & 1)) return nullptr;
+    return p.stage[s];
+  }
+  // After the whole warp is done reading the stage.
+  __device__ void release() {
+    __syncwarp();
+    if (Role::lane() == 0) ptx::mbarrier_arrive(&p.empty[n % kStages]);
+    ++n;
+  }
+};
+
+}  // namespace vllm_megakernel

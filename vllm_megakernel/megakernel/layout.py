@@ -1,0 +1,209 @@
+"""Shapes shared by the schedule, the CPU simulator, the runtime and the kernel: the one place each is written.
+
+- GEMM tiles: how many weight rows a pipeline stage holds (:func:`rows_per_stage`; rendered into
+  ``csrc/abi.h`` for the compiled model) and how many a task covers (:func:`gemm_tiles`).
+- Attention splits: a (request, split) task covers a run of 16-token tiles of the request's visible keys;
+  :func:`attn_split_tiles` is the formula the kernel's producer, its consumers, the combine and the
+  simulator all evaluate on the live sequence length.
+- The workspace: every buffer's shape and dtype (:func:`workspace_spec`) and the route buffer's offsets.
+- The model shape the kernel is compiled for (:func:`model_mismatches`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vllm_megakernel.megakernel.abi import KERNEL, MODEL
+
+STAGE_BYTES = KERNEL["stage_bytes"]
+CONSUMER_WARPS = KERNEL["consumer_warps"]
+PARTIAL_FLOATS = KERNEL["partial_floats"]
+REGISTER_BATCH = KERNEL["register_batch"]
+ATTN_TILE = KERNEL["attn_tile_tokens"]
+MAX_BATCH = KERNEL["max_batch"]
+NORM_ROWS = 8  # batch rows per NORM task when the norm is a wave of its own
+DEFAULT_ATTN_MIN_TILES = 2  # the smallest split: 32 tokens (64 KB of K/V for the 4 KV heads)
+MAX_ATTN_SPLITS = KERNEL["max_attn_splits"]
+
+
+def rows_per_stage(k: int, elem_bytes: int = 2) -> int:
+    """Whole weight rows of length ``k`` per pipeline stage: at most 16 (two 8-row mma tiles) and within
+    one stage buffer, so every stage is one contiguous bulk copy."""
+    for rows in (16, 8, 4, 2, 1):
+        if rows * k * elem_bytes <= STAGE_BYTES:
+            return rows
+    raise ValueError(f"a weight row of {k} elements does not fit a {STAGE_BYTES}-byte stage")
+
+
+def compiled_stage_rows() -> dict[str, int]:
+    """Rows per stage of each GEMM of the compiled model (csrc/abi.h's k*StageRows)."""
+    m = MODEL
+    return {
+        "qkv": rows_per_stage(m["hidden"]), "o": rows_per_stage(m["num_heads"] * m["head_dim"]),
+        "router": rows_per_stage(m["hidden"]), "dense_up": rows_per_stage(m["hidden"]),
+        "dense_down": rows_per_stage(m["dense_intermediate"]), "moe_up": rows_per_stage(m["hidden"]),
+        "moe_down": rows_per_stage(m["moe_intermediate"]),
+    }
+
+
+def padded_rows(n: int) -> int:
+    """Batch rows a GEMM task's partial sums are laid out for: 8 or 16 (one mma tile held in registers),
+    else a multiple of 16 (tiles reloaded per stage)."""
+    return 8 if n <= 8 else 16 if n <= 16 else -(-n // 16) * 16
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmTiles:
+    """Weight rows per task of each GEMM (up/gate tasks: output columns, i.e. that many gate rows and as
+    many up rows)."""
+
+    qkv_rows: int
+    o_rows: int
+    router_rows: int
+    dense_up_cols: int
+    dense_down_rows: int
+    moe_up_cols: int
+    moe_down_rows: int
+
+
+def _pick(total: int, stage_rows: int, target: int, cap: int, what: str) -> int:
+    """The largest task size <= min(target, cap) that is whole stages and divides ``total`` (at least one
+    stage)."""
+    best = 0
+    for rows in range(stage_rows, min(max(target, stage_rows), cap, total) + 1, stage_rows):
+        if total % rows == 0:
+            best = rows
+    if best == 0:
+        raise ValueError(f"{what}: no task size of whole {stage_rows}-row stages divides {total} within {cap}")
+    return best
+
+
+def partial_cap(batch: int, stage_rows: int) -> int:
+    """The most weight rows a GEMM task of ``batch`` rows may have (csrc/ops/gemm.cuh): with the batch in
+    registers every consumer warp keeps a partial sum per (row, batch row) until the task ends; above that
+    the task keeps one sum per (row, batch row) plus one stage's per-warp partials."""
+    bp = padded_rows(batch)
+    in_registers = PARTIAL_FLOATS // (CONSUMER_WARPS * min(bp, REGISTER_BATCH))  # any task of <= 16 rows
+    if batch <= REGISTER_BATCH:
+        return in_registers
+    return min(in_registers, (PARTIAL_FLOATS - CONSUMER_WARPS * stage_rows * bp) // bp)
+
+
+def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
+               targets: dict[str, int] | None = None) -> GemmTiles:
+    """Task sizes for ``batch``: about one task per SM for the attention projections at small batches, and
+    never more sums than the consumers' buffer holds (:func:`partial_cap`). ``targets`` replaces the
+    wanted size of named fields (the nearest size that fits is taken)."""
+    targets = dict(targets or {})
+    unknown = set(targets) - {f.name for f in dataclasses.fields(GemmTiles)}
+    if unknown:
+        raise ValueError(f"unknown GEMM tile fields {sorted(unknown)}")
+    h, q = dims.hidden, dims.num_heads * dims.head_dim
+    qkv_total = (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
+    big = batch > REGISTER_BATCH  # fewer, larger tasks: per-task costs grow with the batch
+
+    def tile(total, k, target, what, pair=False):
+        target = targets.get(what, target)
+        rs = rows_per_stage(k)
+        cap = partial_cap(batch, rs) // (2 if pair else 1)  # an up/gate task holds as many up rows as gate rows
+        return _pick(total, rs, target, cap, what)
+
+    return GemmTiles(
+        qkv_rows=tile(qkv_total, h, 64 if big else 40, "qkv_rows"),
+        o_rows=tile(h, q, 16, "o_rows"),
+        router_rows=tile(dims.num_experts, h, 8, "router_rows"),
+        dense_up_cols=tile(dense_intermediate, h, 32 if big else 16, "dense_up_cols", pair=True)
+        if dense_intermediate else 0,
+        dense_down_rows=tile(h, dense_intermediate, 16, "dense_down_rows") if dense_intermediate else 0,
+        moe_up_cols=tile(moe_intermediate, h, 32 if big else 16, "moe_up_cols", pair=True),
+        moe_down_rows=tile(h, moe_intermediate, 64, "moe_down_rows"),
+    )
+
+
+def fold_norm(batch: int) -> bool:
+    """Small batches fold the RMSNorm into the tasks that read it (no single-SM norm wave on the critical
+    path); larger ones run a NORM wave spread over row chunks and every consumer reads hn."""
+    return batch <= REGISTER_BATCH
+
+
+# -- attention splits
+
+
+def attn_splits_for(batch: int, num_sms: int) -> int:
+    """Splits per request: about one attention task per SM across the batch."""
+    return max(1, min(MAX_ATTN_SPLITS, -(-num_sms // batch)))
+
+
+def combine_heads_for(batch: int, num_heads: int) -> int:
+    """Query heads per ATTN_COMBINE task: one at batch 1-2 (the splits of a long context are many), more as
+    the batch brings more requests."""
+    for b, heads in ((2, 1), (8, 4), (32, 8)):
+        if batch <= b:
+            return min(heads, num_heads)
+    return num_heads
+
+
+def visible_range(seq_len: int, window: int | None) -> tuple[int, int]:
+    """Positions [start, seq_len) the new token attends to."""
+    return (0 if not window else max(0, seq_len - window)), seq_len
+
+
+def attn_split_tiles(seq_len: int, window: int | None, splits: int, min_tiles: int) -> tuple[int, int, int]:
+    """(first tile, tiles per split, splits in use) for a request: tiles are ATTN_TILE-token runs aligned to
+    absolute positions; the visible tiles are cut into equal runs of at least ``min_tiles``, so a short
+    context uses fewer splits and the rest return at once. Split s covers tiles
+    [first + s * per, min(end, first + (s + 1) * per))."""
+    start, end = visible_range(seq_len, window)
+    if end <= start:
+        return 0, 0, 0
+    first, last = start // ATTN_TILE, -(-end // ATTN_TILE)
+    n = last - first
+    per = max(min_tiles, -(-n // splits))
+    return first, per, -(-n // per)
+
+
+# -- workspace
+
+
+def moe_slots(dims, batch: int) -> int:
+    """Expert slots per MoE layer: at most every expert, at most one per (token, k) pair."""
+    return min(dims.num_experts, batch * dims.top_k)
+
+
+def route_offsets(dims, batch: int) -> dict[str, int]:
+    """int32 word offsets in the route buffer: num_active at 0, slot_expert[slots], slot_count[slots],
+    slot_rows[slots][batch] (the (token * K + k) rows of each slot's expert, ascending)."""
+    slots = moe_slots(dims, batch)
+    return {"expert": 1, "count": 1 + slots, "rows": 1 + 2 * slots, "size": 1 + 2 * slots + slots * batch}
+
+
+def workspace_spec(dims, batch: int, splits: int, moe_intermediate: int, dense_intermediate: int
+                   ) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every workspace buffer of a ``batch``-row step: name -> (shape, dtype name). x, o and mlp hold two
+    layers (layer l writes index l % 2, reads (l - 1) % 2), so a layer's readers of the previous residual
+    never race its writers."""
+    B, H, D = batch, dims.hidden, dims.head_dim
+    Hq, K, E = dims.num_heads, dims.top_k, dims.num_experts
+    return {
+        "x": ((2, B, H), "bf16"), "hn": ((B, H), "bf16"), "q": ((B, Hq, D), "bf16"),
+        "opart": ((B, splits, Hq, D), "f32"), "lse": ((B, splits, Hq), "f32"), "attn": ((B, Hq * D), "bf16"),
+        "o": ((2, B, H), "bf16"), "mlp": ((2, B, H), "bf16"), "out": ((B, H), "bf16"),
+        "scores": ((B, E), "f32"), "topk_w": ((B, K), "f32"), "route": ((route_offsets(dims, B)["size"],), "i32"),
+        "dact": ((B, max(dense_intermediate, 8)), "bf16"), "act": ((B * K, moe_intermediate), "bf16"),
+        "eout": ((B * K, H), "bf16"),
+    }
+
+
+def model_mismatches(dims, moe_intermediate: int, dense_intermediate: int) -> list[str]:
+    """How a model differs from the shape the kernel is compiled for (empty: it fits)."""
+    have = {"hidden": dims.hidden, "num_heads": dims.num_heads, "num_kv_heads": dims.num_kv_heads,
+            "head_dim": dims.head_dim, "num_experts": dims.num_experts, "top_k": dims.top_k,
+            "moe_intermediate": moe_intermediate, "dense_intermediate": dense_intermediate}
+    return [f"{k}={have[k]} (the kernel is compiled for {v})" for k, v in MODEL.items() if have[k] != v]
+
+
+__all__ = [
+    "ATTN_TILE", "GemmTiles", "attn_split_tiles", "attn_splits_for", "combine_heads_for", "compiled_stage_rows",
+    "fold_norm", "gemm_tiles", "model_mismatches", "moe_slots", "padded_rows", "route_offsets", "rows_per_stage",
+    "visible_range", "workspace_spec",
+]
