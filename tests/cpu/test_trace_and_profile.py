@@ -5,7 +5,7 @@ benchmarks.kernel_profile)."""
 import torch
 import pytest
 
-from conftest import TINY_CONFIG
+from conftest import REPO, TINY_CONFIG
 from vllm_megakernel import reference as ref
 from vllm_megakernel.megakernel import abi, trace
 from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
@@ -124,3 +124,19 @@ def test_layout_only_history_matches_the_filled_one_and_leaves_the_cache_alone(d
         assert torch.equal(ta, tb)
     assert all(torch.isnan(c).all() for c in b.kv_caches)
     assert not all(torch.isnan(c).all() for c in a.kv_caches)
+
+
+# Profiles in the current report format (v1's, h200-2026-11-30-kernel-profile, predates --schedules).
+PROFILES = [p for p in sorted((REPO / "benchmarks" / "results").glob("*/profile.json"))
+            if '"schedule"' in p.read_text()]
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=[p.parent.name for p in PROFILES])
+def test_committed_kernel_profile_reports_are_what_the_tool_writes_from_their_figures(profile):
+    import json
+
+    from benchmarks import kernel_profile
+
+    data = json.loads(profile.read_text())
+    text = kernel_profile.report(data["results"], data["bandwidth_bytes_per_s"], data["config"])
+    assert (profile.parent / "report.md").read_text() == text
