@@ -103,8 +103,8 @@ __device__ Layer layer_of(const long long* layer_table, const int* desc) {
   return Layer{layer_table + (long long)desc[abi::F_LAYER] * abi::kLayerWords};
 }
 
-__device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, const long long* layer_table, const int* my_tasks,
-                             int max_tasks, int* barriers, int* error) {
+__device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, const long long* layer_table,
+                                             const int* my_tasks, int max_tasks, int* barriers, int* error) {
   PipelineStorage& pipe = S.pipe;
   const int lane = Role::lane();
   Producer p{st, StageProducer{pipe}, barriers, error, st.i(abi::S_TIMEOUT_NS)};
@@ -125,8 +125,8 @@ __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, c
   }
 }
 
-__device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, const long long* layer_table, int max_tasks,
-                              int* barriers, int* error) {
+__device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, const long long* layer_table,
+                                              int max_tasks, int* barriers, int* error) {
   PipelineStorage& pipe = S.pipe;
   long long* const trace = st.ptr<long long>(abi::S_TRACE);  // null unless profiling
   Consumer c{st, StageConsumer{pipe}, Role::consumer_warp(), Role::lane(), Role::consumer_thread(), trace != nullptr};

@@ -201,8 +201,8 @@ struct AttnPartialOp {
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         const int d = dt * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(out + d) =
-            make_float2((acc[dt][0] * w0 + sh.o[grp][g][d] * w1) * inv, (acc[dt][1] * w0 + sh.o[grp][g][d + 1] * w1) * inv);
+        *reinterpret_cast<float2*>(out + d) = make_float2((acc[dt][0] * w0 + sh.o[grp][g][d] * w1) * inv,
+                                                          (acc[dt][1] * w0 + sh.o[grp][g][d + 1] * w1) * inv);
       }
       // log-sum-exp in natural-log units of the unscaled softmax: (m + log2(total)) * ln 2
       if (tq == 0) c.st.ptr<float>(abi::S_LSE)[at] = (mm + log2f(total)) * 0.6931471805599453f;

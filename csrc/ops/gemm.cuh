@@ -8,10 +8,11 @@
 // The K dimension is split over the consumer warps: warp w owns columns [w*K/8, (w+1)*K/8) of every weight
 // row, so it loads its slice of the activation rows into registers once per task and streams every
 // stage's slice of every row against them; a task's sums are reduced over the warps through shared
-// memory at the end (fp32, in a fixed order), leaving one sum per (weight row, batch row). Inside a 32-column chunk each lane takes 8 contiguous
-// columns (one 16-byte load from the weight row, one from the activation row) and feeds them to two mmas
-// as the k-indices {2t, 2t+1, 2t+8, 2t+9} of the fragment layout: the dot product does not depend on the
-// order of k, as long as A and B agree, and they do since both come from the same columns.
+// memory at the end (fp32, in a fixed order), leaving one sum per (weight row, batch row). Inside a
+// 32-column chunk each lane takes 8 contiguous columns (one 16-byte load from the weight row, one from the
+// activation row) and feeds them to two mmas as the k-indices {2t, 2t+1, 2t+8, 2t+9} of the fragment
+// layout: the dot product does not depend on the order of k, as long as A and B agree, and they do since
+// both come from the same columns.
 //
 // Batches of at most 16 rows keep the activation slice in registers for the whole task; larger ones reload
 // each 16-row group's slice from L2 for every stage and add up the warps after every stage (correct; GEMMs
@@ -53,7 +54,9 @@ struct ActTile {
   static_assert(K % (32 * kConsumerWarps) == 0, "K must split into 32-column chunks over the consumer warps");
   uint4 v[MH][KCH];
 
-  __device__ __forceinline__ static int col(int warp, int lane, int c) { return (warp * KCH + c) * 32 + (lane & 3) * 8; }
+  __device__ __forceinline__ static int col(int warp, int lane, int c) {
+    return (warp * KCH + c) * 32 + (lane & 3) * 8;
+  }
 
   // Rows from `src.row(b)` (nullptr: a zero row), b = row0 + g + 8h.
   template <class Src>

@@ -30,8 +30,9 @@ __device__ __forceinline__ float sumsq8(const uint4& v) {
 // once, which is what rounding the fp32 sum of two bf16 values gives (vLLM adds in bf16).
 __device__ __forceinline__ uint4 residual_add8(const uint4& x, const uint4& o, const uint4& m) {
   uint4 r;
-  const __nv_bfloat162 *hx = reinterpret_cast<const __nv_bfloat162*>(&x), *ho = reinterpret_cast<const __nv_bfloat162*>(&o),
-                       *hm = reinterpret_cast<const __nv_bfloat162*>(&m);
+  const __nv_bfloat162* hx = reinterpret_cast<const __nv_bfloat162*>(&x);
+  const __nv_bfloat162* ho = reinterpret_cast<const __nv_bfloat162*>(&o);
+  const __nv_bfloat162* hm = reinterpret_cast<const __nv_bfloat162*>(&m);
   __nv_bfloat162* hr = reinterpret_cast<__nv_bfloat162*>(&r);
 #pragma unroll
   for (int i = 0; i < 4; ++i) hr[i] = __hadd2(__hadd2(hx[i], ho[i]), hm[i]);
@@ -41,7 +42,8 @@ __device__ __forceinline__ uint4 residual_add8(const uint4& x, const uint4& o, c
 // bf16(w * (x * inv)) on eight values, in fp32 (the RMSNorm's scale).
 __device__ __forceinline__ uint4 scale8(const uint4& x, const uint4& w, float inv) {
   uint4 r;
-  const __nv_bfloat162 *hx = reinterpret_cast<const __nv_bfloat162*>(&x), *hw = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const __nv_bfloat162* hx = reinterpret_cast<const __nv_bfloat162*>(&x);
+  const __nv_bfloat162* hw = reinterpret_cast<const __nv_bfloat162*>(&w);
   __nv_bfloat162* hr = reinterpret_cast<__nv_bfloat162*>(&r);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {

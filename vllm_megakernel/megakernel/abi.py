@@ -5,8 +5,8 @@ Python builds descriptors with these names; ``csrc/abi.h`` is generated from thi
 and this file disagree, so the CUDA side can never drift from the host side.
 
 A task is ``TASK_WORDS`` int32 words. Words 0..9 are the same for every opcode (the header: what to wait
-for, what to signal, which task this is, what the producer waits for); words 10.. are named per opcode. Each wait is ``(barrier, count)``:
-the task starts once ``barriers[barrier] >= count``; ``signal`` is the barrier the task increments by one
+for, what to signal, which task this is, what the producer waits for); words 10.. are named per opcode.
+Each wait is ``(barrier, count)``: the task starts once ``barriers[barrier] >= count``; ``signal`` is the barrier the task increments by one
 when its outputs are visible. ``NO_BARRIER`` (-1) disables a wait or the signal.
 
 Besides the descriptor layout this file fixes what the kernel is compiled for: ``MODEL`` (the model shape

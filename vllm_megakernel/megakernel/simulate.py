@@ -227,10 +227,6 @@ def _race(schedule: Schedule, key: tuple, writer: int, other: int) -> None:
     raise RaceError(f"{tw.describe()} writes {key} unordered with {to.describe()}")
 
 
-def happens_before(schedule: Schedule) -> HappensBefore:
-    return HappensBefore(schedule)
-
-
 _DTYPES = {"bf16": None, "f32": torch.float32, "i32": torch.int32}
 
 
@@ -439,7 +435,8 @@ class Numerics:
         if slot >= len(self.slot_expert):
             return
         e, token_rows = self.slot_expert[slot], self.slot_rows[slot]
-        self.eout[token_rows, row0:row0 + rows] = self.act[token_rows] @ self.w.layers[layer].w2[e, row0:row0 + rows].t()
+        w2 = self.w.layers[layer].w2[e, row0:row0 + rows]
+        self.eout[token_rows, row0:row0 + rows] = self.act[token_rows] @ w2.t()
 
     def moe_combine(self, layer: int, col0: int, cols: int) -> None:
         c, K = slice(col0, col0 + cols), self.dims.top_k
@@ -469,5 +466,5 @@ def decode_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, orde
 
 __all__ = [
     "BarrierCountError", "BarrierOverflow", "Deadlock", "HappensBefore", "Numerics", "RaceError",
-    "ScheduleError", "check_races", "decode_step", "happens_before", "run",
+    "ScheduleError", "check_races", "decode_step", "run",
 ]
