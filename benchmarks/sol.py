@@ -10,6 +10,7 @@ number of distinct experts per layer is E * (1 - (1 - k/E)^B). Time = bytes / me
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 
@@ -26,24 +27,28 @@ class ModelBytes:
 
     @classmethod
     def from_config(cls, config: dict, dtype_bytes: int = 2) -> ModelBytes:
-        from vllm_megakernel.reference import ModelDims
+        from vllm_megakernel.reference import ModelDims, layer_shapes, model_shapes
 
         dims = ModelDims.from_config(config)
-        h, d = dims.hidden, dims.head_dim
-        q, kv = dims.num_heads * d, dims.num_kv_heads * d
         i_moe = config["intermediate_size"]
         i_dense = config.get("prefix_dense_intermediate_size") or i_moe
-        attn = h * (q + 2 * kv) + q * h + h  # qkv, o, the layer's norm
-        always = dims.vocab * h + h  # LM head (tied embedding; the lookup itself reads B rows) + final norm
+        numel = lambda shape: math.prod(shape)  # noqa: E731
+        # the LM head is the tied embedding (the lookup itself reads only the batch's rows) + final norm
+        always = sum(numel(s) for s in model_shapes(dims).values())
+        per_expert = 0
         for layer in range(dims.num_layers):
-            always += attn
-            always += 3 * h * i_dense if dims.dense[layer] else dims.num_experts * h  # dense FFN | router
-        kv_token = 2 * kv  # K and V of one token in one layer
+            for name, shape in layer_shapes(dims, i_moe, i_dense, layer).items():
+                if name in ("w13", "w2"):  # streamed only for the experts a step chose
+                    per_expert += numel(shape) // dims.num_experts
+                else:
+                    always += numel(shape)
+        moe_layers = sum(1 for x in dims.dense if not x)
+        kv_token = 2 * dims.num_kv_heads * dims.head_dim  # K and V of one token in one layer
         full = sum(1 for s in dims.sliding if not s)
         return cls(
             always=always * dtype_bytes,
-            per_expert=3 * h * i_moe * dtype_bytes,
-            moe_layers=sum(1 for x in dims.dense if not x),
+            per_expert=per_expert // max(moe_layers, 1) * dtype_bytes,
+            moe_layers=moe_layers,
             num_experts=dims.num_experts,
             top_k=dims.top_k,
             kv_per_token_full=kv_token * full * dtype_bytes,

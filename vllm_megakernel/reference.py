@@ -90,6 +90,55 @@ class ModelDims:
         )
 
 
+def layer_shapes(dims: ModelDims, moe_intermediate: int, dense_intermediate: int,
+                 layer: int) -> dict[str, tuple[int, ...]]:
+    """One layer's weights in vLLM's layout (:class:`LayerWeights` field -> shape), the one place they are
+    written: :meth:`Weights.random` makes them, :func:`hf_tensor_specs` splits them into a checkpoint's
+    tensors (which :meth:`Weights.from_hf_state_dict` joins back), ``benchmarks.sol`` counts their bytes."""
+    h, d, e = dims.hidden, dims.head_dim, dims.num_experts
+    shapes = {"norm": (h,), "qkv": ((dims.num_heads + 2 * dims.num_kv_heads) * d, h), "o": (h, dims.num_heads * d)}
+    if dims.dense[layer]:
+        shapes.update(gate_up=(2 * dense_intermediate, h), down=(h, dense_intermediate))
+    else:
+        shapes.update(router=(e, h), w13=(e, 2 * moe_intermediate, h), w2=(e, h, moe_intermediate))
+    return shapes
+
+
+def model_shapes(dims: ModelDims) -> dict[str, tuple[int, ...]]:
+    """The weights outside the layers: the (tied) embedding and the final norm."""
+    return {"embed": (dims.vocab, dims.hidden), "final_norm": (dims.hidden,)}
+
+
+def hf_tensor_specs(dims: ModelDims, moe_intermediate: int, dense_intermediate: int):
+    """Yields (name, shape, is_norm) of every tensor of a Hugging Face checkpoint (per-expert keys), in the
+    order a checkpoint lists them: :func:`layer_shapes` split the way :meth:`Weights.from_hf_state_dict`
+    joins them back."""
+    q, kv = dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
+    top = model_shapes(dims)
+    yield "model.embed_tokens.weight", top["embed"], False
+    for layer in range(dims.num_layers):
+        p, s = f"model.layers.{layer}", layer_shapes(dims, moe_intermediate, dense_intermediate, layer)
+        h = s["qkv"][1]
+        yield f"{p}.input_layernorm.weight", s["norm"], True
+        yield f"{p}.self_attn.q_proj.weight", (q, h), False
+        yield f"{p}.self_attn.k_proj.weight", (kv, h), False
+        yield f"{p}.self_attn.v_proj.weight", (kv, h), False
+        yield f"{p}.self_attn.o_proj.weight", s["o"], False
+        if dims.dense[layer]:
+            i = s["gate_up"][0] // 2
+            yield f"{p}.mlp.gate_proj.weight", (i, h), False
+            yield f"{p}.mlp.up_proj.weight", (i, h), False
+            yield f"{p}.mlp.down_proj.weight", s["down"], False
+        else:
+            e, i2, _ = s["w13"]
+            yield f"{p}.mlp.gate.weight", s["router"], False
+            for x in range(e):
+                yield f"{p}.mlp.experts.{x}.gate_proj.weight", (i2 // 2, h), False
+                yield f"{p}.mlp.experts.{x}.up_proj.weight", (i2 // 2, h), False
+                yield f"{p}.mlp.experts.{x}.down_proj.weight", s["w2"][1:], False
+    yield "model.norm.weight", top["final_norm"], True
+
+
 @dataclasses.dataclass
 class LayerWeights:
     norm: torch.Tensor  # [H]
@@ -189,25 +238,17 @@ class Weights:
         """Realistic random weights made directly on ``device`` in vLLM's layout: matrices ~ N(0, std),
         norms 1 (the make_checkpoint recipe without the files; for timing the whole model on one GPU)."""
         gen = torch.Generator(device=device).manual_seed(seed)
-        H, D, E = dims.hidden, dims.head_dim, dims.num_experts
 
-        def mat(*shape):
+        def make(name, shape):
+            if name in ("norm", "final_norm"):
+                return torch.ones(shape, dtype=dtype, device=device)
             return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
 
-        def ones(n):
-            return torch.ones(n, dtype=dtype, device=device)
-
-        layers = []
-        for i in range(dims.num_layers):
-            lw = LayerWeights(norm=ones(H), qkv=mat((dims.num_heads + 2 * dims.num_kv_heads) * D, H),
-                              o=mat(H, dims.num_heads * D))
-            if dims.dense[i]:
-                lw.gate_up, lw.down = mat(2 * dense_intermediate, H), mat(H, dense_intermediate)
-            else:
-                lw.router = mat(E, H)
-                lw.w13, lw.w2 = mat(E, 2 * moe_intermediate, H), mat(E, H, moe_intermediate)
-            layers.append(lw)
-        return cls(mat(dims.vocab, H), ones(H), layers)
+        layers = [LayerWeights(**{name: make(name, shape) for name, shape in
+                                  layer_shapes(dims, moe_intermediate, dense_intermediate, i).items()})
+                  for i in range(dims.num_layers)]
+        top = {name: make(name, shape) for name, shape in model_shapes(dims).items()}
+        return cls(top["embed"], top["final_norm"], layers)
 
     @classmethod
     def from_checkpoint(cls, ckpt_dir: str | Path, dims: ModelDims, dtype: torch.dtype | None = None) -> Weights:

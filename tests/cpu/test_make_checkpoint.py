@@ -59,3 +59,34 @@ def test_a_finished_write_is_marked_complete(tmp_path):
     write_checkpoint(TINY_CONFIG, tmp_path, seed=0, num_layers=2)
     assert is_complete(tmp_path)
     assert json.loads((tmp_path / COMPLETE_MARKER).read_text())["num_layers"] == 2
+
+
+def test_checkpoint_tensors_are_the_layer_shapes_split_and_load_back_into_them(tmp_path):
+    """One source for the model's tensor shapes: reference.layer_shapes. The checkpoint writer splits them
+    into HF tensors, Weights.from_hf_state_dict joins those back into exactly these shapes, Weights.random
+    makes them, and benchmarks.sol counts their bytes."""
+    from benchmarks.sol import ModelBytes
+    from conftest import FULL_CONFIG
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.tools.make_checkpoint import tensor_specs
+
+    write_checkpoint(TINY_CONFIG, tmp_path, seed=0, dtype="float32")
+    config = json.loads((TINY_CONFIG / "config.json").read_text())
+    dims = ref.ModelDims.from_config(config)
+    loaded = ref.Weights.from_checkpoint(tmp_path, dims)
+    made = ref.Weights.random(dims, 32, 96, "cpu", dtype=torch.float32)
+    for layer in range(dims.num_layers):
+        for name, shape in ref.layer_shapes(dims, 32, 96, layer).items():
+            assert tuple(getattr(loaded.layers[layer], name).shape) == shape, (layer, name)
+            assert tuple(getattr(made.layers[layer], name).shape) == shape, (layer, name)
+    for name, shape in ref.model_shapes(dims).items():
+        assert tuple(getattr(loaded, name).shape) == tuple(getattr(made, name).shape) == shape
+    for cfg_dir in (TINY_CONFIG, FULL_CONFIG):
+        cfg = json.loads((cfg_dir / "config.json").read_text())
+        d = ref.ModelDims.from_config(cfg)
+        i, di = cfg["intermediate_size"], cfg["prefix_dense_intermediate_size"]
+        hf = sum(torch.Size(s).numel() for _, s, _ in tensor_specs(cfg))
+        mb = ModelBytes.from_config(cfg)
+        moe_layers = sum(1 for x in d.dense if not x)
+        assert hf * 2 == mb.always + moe_layers * d.num_experts * mb.per_expert  # every byte, bf16
+    assert ModelBytes.from_config(json.loads((FULL_CONFIG / "config.json").read_text())).per_expert == 3 * 2048 * 768 * 2

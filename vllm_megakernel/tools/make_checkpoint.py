@@ -35,42 +35,14 @@ def is_complete(out_dir: Path) -> bool:
     return (Path(out_dir) / COMPLETE_MARKER).exists()
 
 
-def layer_is_dense(config: dict, layer: int) -> bool:
-    if config.get("mlp_layer_types") is not None:
-        return config["mlp_layer_types"][layer] == "dense"
-    return layer < config.get("first_k_dense_replace", 0)
-
-
 def tensor_specs(config: dict) -> Iterator[tuple[str, tuple[int, ...], bool]]:
-    """Yields (name, shape, is_norm) in HF layout for every tensor of the checkpoint."""
-    h = config["hidden_size"]
-    d = config.get("head_dim") or h // config["num_attention_heads"]
-    q = config["num_attention_heads"] * d
-    kv = config["num_key_value_heads"] * d
-    e = config["num_experts"]
+    """Yields (name, shape, is_norm) in HF layout for every tensor of the checkpoint (reference.layer_shapes,
+    split into per-expert keys)."""
+    from vllm_megakernel.reference import ModelDims, hf_tensor_specs
+
+    dims = ModelDims.from_config(config)  # refuses shared experts, LayerNorm and non-sigmoid routing
     i_moe = config["intermediate_size"]
-    i_dense = config.get("prefix_dense_intermediate_size") or i_moe
-    if config.get("num_shared_experts", 0):
-        raise ValueError("shared experts are not part of North Mini Code; this tool does not write them")
-    yield "model.embed_tokens.weight", (config["vocab_size"], h), False
-    for layer in range(config["num_hidden_layers"]):
-        p = f"model.layers.{layer}"
-        yield f"{p}.input_layernorm.weight", (h,), True
-        yield f"{p}.self_attn.q_proj.weight", (q, h), False
-        yield f"{p}.self_attn.k_proj.weight", (kv, h), False
-        yield f"{p}.self_attn.v_proj.weight", (kv, h), False
-        yield f"{p}.self_attn.o_proj.weight", (h, q), False
-        if layer_is_dense(config, layer):
-            yield f"{p}.mlp.gate_proj.weight", (i_dense, h), False
-            yield f"{p}.mlp.up_proj.weight", (i_dense, h), False
-            yield f"{p}.mlp.down_proj.weight", (h, i_dense), False
-        else:
-            yield f"{p}.mlp.gate.weight", (e, h), False
-            for x in range(e):
-                yield f"{p}.mlp.experts.{x}.gate_proj.weight", (i_moe, h), False
-                yield f"{p}.mlp.experts.{x}.up_proj.weight", (i_moe, h), False
-                yield f"{p}.mlp.experts.{x}.down_proj.weight", (h, i_moe), False
-    yield "model.norm.weight", (h,), True
+    yield from hf_tensor_specs(dims, i_moe, config.get("prefix_dense_intermediate_size") or i_moe)
 
 
 def make_tensor(name: str, shape: tuple[int, ...], is_norm: bool, seed: int, std: float,
