@@ -10,7 +10,8 @@ from conftest import FULL_CONFIG, TINY_CONFIG
 from vllm_megakernel import reference as ref
 from vllm_megakernel.megakernel import layout, simulate
 from vllm_megakernel.megakernel.abi import NO_BARRIER, Op
-from vllm_megakernel.megakernel.schedule import MOE_ONLY_WAVES, WAVE_ORDERS, StepShape, build_schedule, moe_slots
+from vllm_megakernel.megakernel.layout import moe_slots
+from vllm_megakernel.megakernel.schedule import MOE_ONLY_WAVES, WAVE_ORDERS, StepShape, build_schedule
 from vllm_megakernel.paged_kv import PagedKVSim
 
 TINY_I, TINY_DENSE_I = 32, 96  # intermediate_size, prefix_dense_intermediate_size of the tiny config

@@ -64,7 +64,10 @@ def _error_init(device) -> torch.Tensor:
     return err
 
 
-_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32}
+def workspace_dtype(kind: str, activations: torch.dtype) -> torch.dtype:
+    """The torch dtype of a layout.workspace_spec dtype name; "bf16" buffers hold activations, in the
+    weights' dtype (bf16 on the GPU, float32 in the CPU simulator's checks)."""
+    return {"bf16": activations, "f32": torch.float32, "i32": torch.int32}[kind]
 
 
 def allocate_workspace(dims, steps: list[tuple[int, int]], moe_intermediate: int, dense_intermediate: int,
@@ -82,7 +85,7 @@ def allocate_workspace(dims, steps: list[tuple[int, int]], moe_intermediate: int
             kinds[name] = kind
     ws = {}
     for name, n in sizes.items():
-        dt = dtype if kinds[name] == "bf16" else _DTYPES[kinds[name]]
+        dt = workspace_dtype(kinds[name], dtype)
         ws[name] = torch.full((n,), float("nan"), dtype=dt, device=device) if dt.is_floating_point \
             else torch.zeros(n, dtype=dt, device=device)
     if route_log:
@@ -99,10 +102,10 @@ def routing_log(workspace: dict[str, torch.Tensor], dims, batch: int) -> torch.T
     return workspace["route_log"].view(-1)[:n].view(dims.num_layers, batch, dims.top_k)
 
 
-def check_kv_cache(cache: torch.Tensor, dims, layer: int) -> None:
+def check_kv_cache(cache: torch.Tensor, layer: int) -> None:
     """The kernel copies 16-token K/V tiles of every KV head with bulk copies: within a block, tokens and
     heads must be contiguous, and every stride a multiple of 16 bytes."""
-    nb, two, bs, hkv, d = cache.shape
+    _, _, bs, hkv, d = cache.shape
     if cache.dtype != torch.bfloat16 or cache.stride(-1) != 1 or cache.stride(3) != d or cache.stride(2) != hkv * d:
         raise ValueError(f"layer {layer}: the KV cache must be bf16 with each block's tokens and heads contiguous, "
                          f"got {cache.dtype} strides {cache.stride()}")
@@ -163,7 +166,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     rows = []
     for i, lw in enumerate(weights.layers):
         cache = inputs.kv_caches[i]
-        check_kv_cache(cache, dims, i)
+        check_kv_cache(cache, i)
         group = inputs.groups[inputs.layer_group[i]]
         table = group.block_table.to(device=dev, dtype=torch.int32).contiguous()
         slots_map = group.slot_mapping.to(device=dev, dtype=torch.int64).contiguous()

@@ -180,10 +180,6 @@ class Schedule:
         return self.barriers[barrier].name if 0 <= barrier < len(self.barriers) else f"barrier {barrier}"
 
 
-def moe_slots(dims: ModelDims, batch: int) -> int:
-    return layout.moe_slots(dims, batch)
-
-
 class _Builder:
     def __init__(self):
         self.tasks: list[Task] = []
@@ -363,4 +359,4 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     return Schedule(dims, shape, tiles, b.tasks, b.barriers, sm_tasks)
 
 
-__all__ = ["Barrier", "MOE_ONLY_WAVES", "Schedule", "StepShape", "Task", "WAVE_ORDERS", "build_schedule", "moe_slots"]
+__all__ = ["Barrier", "MOE_ONLY_WAVES", "Schedule", "StepShape", "Task", "WAVE_ORDERS", "build_schedule"]

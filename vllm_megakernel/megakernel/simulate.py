@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from vllm_megakernel.megakernel import layout
 from vllm_megakernel.megakernel.abi import NO_BARRIER
+from vllm_megakernel.megakernel.runtime import workspace_dtype
 from vllm_megakernel.megakernel.schedule import Schedule, Task
 from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route
 
@@ -227,9 +228,6 @@ def _race(schedule: Schedule, key: tuple, writer: int, other: int) -> None:
     raise RaceError(f"{tw.describe()} writes {key} unordered with {to.describe()}")
 
 
-_DTYPES = {"bf16": None, "f32": torch.float32, "i32": torch.int32}
-
-
 class Numerics:
     """Executes opcodes with torch ops on a workspace laid out as the kernel's will be."""
 
@@ -239,24 +237,23 @@ class Numerics:
         self.group = self.dims.num_heads // self.dims.num_kv_heads
         self.spec = layout.workspace_spec(self.dims, schedule.shape.batch, schedule.shape.attn_splits,
                                           *weights.intermediates())
-        for name, (shape, dtype) in self.spec.items():
-            if name == "route":
-                continue
-            t = _DTYPES[dtype] or dt
+        for name in self._buffers():
+            shape, kind = self.spec[name]
             # unwritten workspace must never be read: NaN shows up wherever it is
-            setattr(self, name, torch.full(shape, float("nan"), dtype=t, device=dev))
+            setattr(self, name, torch.full(shape, float("nan"), dtype=workspace_dtype(kind, dt), device=dev))
         self.slot_expert: list[int] = []
         self.slot_rows: list[list[int]] = []
         self.live = inputs.seq_lens > 0
 
-    # -- the kernel's workspace: every buffer is a flat prefix laid out for this schedule's batch and splits
-    _BUFFERS = ("x", "hn", "q", "opart", "lse", "attn", "o", "mlp", "out", "scores", "topk_w", "dact", "act",
-                "eout")
+    # -- the kernel's workspace: every buffer is a flat prefix laid out for this schedule's batch and splits;
+    # the route buffer is kept as the expert list it encodes (slot_expert, slot_rows)
+    def _buffers(self) -> list[str]:
+        return [name for name in self.spec if name != "route"]
 
     def load_workspace(self, ws: dict[str, torch.Tensor]) -> None:
         """Adopts the state of a kernel workspace, e.g. after the kernel ran a truncated schedule, so the
         next wave can be executed here with torch ops on exactly the kernel's inputs."""
-        for name in self._BUFFERS:
+        for name in self._buffers():
             dst = getattr(self, name)
             dst.copy_(ws[name].reshape(-1)[: dst.numel()].view(dst.shape))
         route = ws["route"].tolist()
@@ -269,7 +266,7 @@ class Numerics:
 
     def store_workspace(self, ws: dict[str, torch.Tensor]) -> None:
         """The inverse of :meth:`load_workspace`: writes this state in the kernel's layout."""
-        for name in self._BUFFERS:
+        for name in self._buffers():
             src = getattr(self, name)
             ws[name].reshape(-1)[: src.numel()].copy_(src.reshape(-1))
         off, B = layout.route_offsets(self.dims, self.s.shape.batch), self.s.shape.batch
@@ -339,11 +336,15 @@ class Numerics:
                 if slot >= 0:
                     cache[slot // bs, kv, slot % bs, g, dd] = y[r, j]
 
-    def attn_partial(self, layer: int, request: int, split: int) -> None:
+    def _splits(self, layer: int, request: int) -> tuple[int, int | None, int, int, int]:
+        """(seq_len, window, first tile, tiles per split, splits in use) of a request on a layer."""
         seq_len = int(self.inp.seq_lens[request])
         window = self.dims.sliding_window if self.dims.sliding[layer] else None
-        first, per, used = layout.attn_split_tiles(seq_len, window, self.s.shape.attn_splits,
-                                                   self.s.shape.attn_min_tiles)
+        return (seq_len, window, *layout.attn_split_tiles(seq_len, window, self.s.shape.attn_splits,
+                                                          self.s.shape.attn_min_tiles))
+
+    def attn_partial(self, layer: int, request: int, split: int) -> None:
+        seq_len, window, first, per, used = self._splits(layer, request)
         if split >= used:  # past the end of this sequence (or a padding row): nothing to attend, nothing written
             return
         start, _ = layout.visible_range(seq_len, window)
@@ -368,10 +369,7 @@ class Numerics:
     def attn_combine(self, layer: int, request: int, head0: int, heads: int) -> None:
         d = self.dims.head_dim
         cols = slice(head0 * d, (head0 + heads) * d)
-        seq_len = int(self.inp.seq_lens[request])
-        window = self.dims.sliding_window if self.dims.sliding[layer] else None
-        _, _, used = layout.attn_split_tiles(seq_len, window, self.s.shape.attn_splits,
-                                             self.s.shape.attn_min_tiles)
+        used = self._splits(layer, request)[-1]
         if used == 0:  # padding row: no keys at all
             self.attn[request, cols] = 0.0
             return
