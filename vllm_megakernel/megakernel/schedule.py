@@ -53,6 +53,10 @@ WAVE_ORDERS = {
     # the combine after the expert down tasks
     "experts_then_combine": ("router", "qkv", "router_topk", "attn_partial", "mlp_up", "mlp_down", "attn_combine",
                              "o_proj", "moe_combine"),
+    # the expert up/gate tasks ahead of attention in every SM's list: an attention task waits for the
+    # layer's qkv and holds up the streaming of the tasks behind it on its SM
+    "experts_before_attention": ("router", "qkv", "router_topk", "mlp_up", "attn_partial", "attn_combine",
+                                 "mlp_down", "o_proj", "moe_combine"),
     # the whole attention half, then the MoE half
     "attention_first": ("qkv", "attn_partial", "attn_combine", "o_proj", "router", "router_topk", "mlp_up",
                         "mlp_down", "moe_combine"),
