@@ -4,7 +4,8 @@ Accepted keys:
 
 - ``enabled``: ``true`` asks for the megakernel, ``false`` is stock vLLM. Left out, the megakernel runs
   wherever it can (extension built, Hopper GPU, supported setup) and stock vLLM runs elsewhere -- once
-  :data:`AUTOMATIC_DEFAULT` is on; until the kernel has measured faster than stock inside vLLM it is opt-in.
+  :data:`AUTOMATIC_DEFAULT` is on. It is opt-in until the kernel is sanitizer-clean and has a measured batch
+  limit below which it beats stock (benchmarks/results/h200-2026-12-01-v2-sanitizer).
 - ``strict``: ``true`` turns every fallback to stock into an error.
 
 How a setup is judged:
@@ -34,8 +35,8 @@ CONFIG_KEY = "megakernel"
 # first, speed not yet measured inside vLLM) has not passed its GPU acceptance tests end to end; until then
 # ``enabled: true`` opts in and everything else is stock vLLM.
 AUTOMATIC_DEFAULT = False
-OPT_IN_REASON = ("the megakernel is opt-in until it has measured faster than stock vLLM: "
-                 "set additional_config.megakernel.enabled=true")
+OPT_IN_REASON = ("the megakernel is opt-in until racecheck is clean on it and automatic mode has a measured "
+                 "batch limit: set additional_config.megakernel.enabled=true")
 
 _FIELDS: dict[str, type] = {"enabled": bool, "strict": bool}
 
