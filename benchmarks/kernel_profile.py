@@ -80,6 +80,9 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     runtime.launch(traced)
     runtime.check(traced)
     step_us, rows = trace.summarize(sched, traced.trace)
+    # the middle MoE layers: the first and last layers of a step start or end it differently
+    middle = [i for i in range(2, dims.num_layers - 2) if not dims.dense[i]]
+    next_layer_us, timeline = trace.layer_timeline(sched, traced.trace, middle)
     chosen = runtime.routing_log(traced.workspace, dims, batch)
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
@@ -93,7 +96,10 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
             "tiles": dataclasses.asdict(sched.tiles), "tasks": len(sched.tasks),
             "step_us_median": statistics.median(times), "step_us_min": min(times),
             "traced_step_us": step_us, "distinct_experts": distinct,
-            "waves": [dataclasses.asdict(r) for r in rows], "task_trace": task_trace}
+            "waves": [dataclasses.asdict(r) for r in rows],
+            "timeline": {"layers": f"MoE layers {middle[0]}-{middle[-1]}", "next_layer_us": next_layer_us,
+                         "waves": [dataclasses.asdict(r) for r in timeline]},
+            "task_trace": task_trace}
 
 
 def kernel_bytes(config: dict, context: int, batch: int, distinct: float) -> float:
@@ -161,6 +167,12 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
             if w["wave"] not in ATTENTION_WAVES:
                 other += w["span_us"] * w["layers"]
         lines += ["", f"spans of every wave but attention, summed over the step: {other / 1e3:.2f} ms"]
+        if "timeline" in r:  # profiles before the layer timeline existed do not have it
+            from vllm_megakernel.megakernel.trace import LayerWave, timeline_markdown
+
+            tl = r["timeline"]
+            lines += ["", timeline_markdown(tl["next_layer_us"], [LayerWave(**w) for w in tl["waves"]],
+                                            tl["layers"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

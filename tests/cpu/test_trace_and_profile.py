@@ -37,6 +37,32 @@ def synthetic_records(sched, run_ns, wait_ns, gap_ns=100):
     return rec
 
 
+def test_layer_timeline_places_each_wave_after_the_layer_start(dims):
+    """Synthetic waves run back to back: each wave's first run, median and last end, and the next layer's
+    start come out as the sums of the runs, waits and gaps before them in the layer."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    run_ns = {w: 1000 * (i + 1) for i, w in enumerate(waves)}
+    wait_ns = {w: 500 for w in waves}
+    rec = synthetic_records(sched, run_ns, wait_ns)
+    moe = [i for i in range(dims.num_layers - 1) if not dims.dense[i]]
+    next_us, rows = trace.layer_timeline(sched, rec, moe)
+    order = []
+    for t in sched.tasks:
+        if t.layer == moe[0] and t.wave not in order:
+            order.append(t.wave)
+    assert [r.wave for r in rows] == order
+    at = 0.0
+    for r in rows:
+        assert r.first_run_us == pytest.approx(at / 1e3)
+        assert r.median_end_us == r.last_end_us == pytest.approx((at + run_ns[r.wave]) / 1e3)
+        assert r.tasks == sum(1 for t in sched.tasks if t.layer == moe[0] and t.wave == r.wave)
+        at += run_ns[r.wave] + 500 + 100
+    assert next_us == pytest.approx(at / 1e3)
+    with pytest.raises(ValueError, match="following layer"):
+        trace.layer_timeline(sched, rec, [dims.num_layers])  # the final norm: nothing follows it
+
+
 def test_wave_summary_recovers_run_wait_span_and_share(dims):
     sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
     waves = sorted({t.wave for t in sched.tasks})

@@ -12,6 +12,10 @@ SM, wait start, run start, end; globaltimer ns). This module turns it into a per
   the wave occupies on the critical path when waves do not overlap;
 - share: the wave's summed spans over the whole step's wall time (first wait start to last end).
 
+``layer_timeline`` shows the same records as one layer's critical path: when each wave's first task ran,
+when its tasks ended (median and last), relative to the layer's first task, and when the next layer began;
+medians over the layers asked for.
+
 Plain torch on the host; the CPU tests feed it synthetic records.
 """
 
@@ -83,6 +87,55 @@ def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[Wa
             span_us=sum(spans) / len(spans), share=sum(spans) / step_us if step_us else 0.0,
         ))
     return step_us, rows
+
+
+@dataclasses.dataclass
+class LayerWave:
+    wave: str
+    tasks: int  # per layer
+    first_run_us: float  # the wave's first task starting, after the layer's first task started
+    median_end_us: float  # the median of its tasks' ends
+    last_end_us: float  # its last task's end: when its barrier completed
+
+
+def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[float, list[LayerWave]]:
+    """(median start of the next layer, per-wave rows in step order) for ``layers`` (each needs a next
+    layer): every time is relative to the start of the layer's first task, and the median over the
+    layers. A layer's waves overlap, so this shows which one ends last and what waited behind what."""
+    rec = records.detach().to("cpu", torch.int64)
+    run, end = rec[:, abi.TRACE_FIELDS.index("run_start_ns")], rec[:, abi.TRACE_FIELDS.index("end_ns")]
+    by_layer: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for t in schedule.tasks:
+        by_layer[t.layer][t.wave].append(t.index)
+    layers = list(layers)
+    if not layers or any(layer + 1 not in by_layer for layer in layers):
+        raise ValueError(f"layers {layers}: each needs a following layer in the schedule")
+    waves = list(by_layer[layers[0]])
+    samples: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    period = []
+    for layer in layers:
+        t0 = min(int(run[i]) for ix in by_layer[layer].values() for i in ix)
+        nxt = min(int(run[i]) for ix in by_layer[layer + 1].values() for i in ix)
+        period.append((nxt - t0) / 1e3)
+        for wave, ix in by_layer[layer].items():
+            idx = torch.tensor(ix)
+            ends = (end[idx] - t0).double() / 1e3
+            samples[wave].append(((int(run[idx].min()) - t0) / 1e3, float(ends.median()), float(ends.max())))
+    rows = []
+    for wave in waves:
+        cols = list(zip(*samples[wave]))
+        rows.append(LayerWave(wave, len(by_layer[layers[0]][wave]),
+                              *(float(torch.tensor(c).median()) for c in cols)))
+    return float(torch.tensor(period).median()), rows
+
+
+def timeline_markdown(next_layer_us: float, rows: list[LayerWave], layers: str) -> str:
+    lines = [f"one layer's critical path ({layers}, medians; us after the layer's first task started; the "
+             f"next layer's first task: {next_layer_us:.1f} us)", "",
+             "| wave | tasks | first run | median end | last end |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.wave} | {r.tasks} | {r.first_run_us:.1f} | {r.median_end_us:.1f} | {r.last_end_us:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(step_us: float, rows: list[WaveTime]) -> str:
