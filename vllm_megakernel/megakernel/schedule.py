@@ -57,6 +57,14 @@ WAVE_ORDERS = {
     # layer's qkv and holds up the streaming of the tasks behind it on its SM
     "experts_before_attention": ("router", "qkv", "router_topk", "mlp_up", "attn_partial", "attn_combine",
                                  "mlp_down", "o_proj", "moe_combine"),
+    # attention's combine right after attention (at batch 1 the combine waited behind expert up/gate tasks
+    # on its SMs, and the O projection behind it: the attention half ended the layer), the O projection
+    # still after the experts
+    "combine_before_experts": ("router", "qkv", "router_topk", "attn_partial", "attn_combine", "mlp_up",
+                               "mlp_down", "o_proj", "moe_combine"),
+    # the default with the O projection ahead of the expert down tasks in every SM's list
+    "o_proj_before_down": ("router", "qkv", "router_topk", "attn_partial", "mlp_up", "attn_combine", "o_proj",
+                           "mlp_down", "moe_combine"),
     # the whole attention half, then the MoE half
     "attention_first": ("qkv", "attn_partial", "attn_combine", "o_proj", "router", "router_topk", "mlp_up",
                         "mlp_down", "moe_combine"),
