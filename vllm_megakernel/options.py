@@ -7,6 +7,11 @@ Accepted keys:
   :data:`AUTOMATIC_DEFAULT` is on. It is opt-in until the kernel is sanitizer-clean and has a measured batch
   limit below which it beats stock (benchmarks/results/h200-2026-12-01-v2-sanitizer).
 - ``strict``: ``true`` turns every fallback to stock into an error.
+- ``max_batch``: the largest decode batch the megakernel takes (1 to the kernel's 64); larger decode
+  batches run vLLM's stock forward, captured in the same CUDA graphs (each graph holds the path its batch
+  size takes). Default: with ``enabled: true`` the kernel's limit; left out, :data:`MEASURED_MAX_BATCH`,
+  the largest batch at which the committed decode sweep measured the megakernel at least as fast as stock.
+  vLLM's largest CUDA-graph size caps it too when graphs are on (larger batches run eagerly on vLLM's path).
 
 How a setup is judged:
 
@@ -29,16 +34,24 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from vllm_megakernel.megakernel.abi import KERNEL
+
 CONFIG_KEY = "megakernel"
 
-# Whether a setup that leaves ``enabled`` out gets the megakernel. Off while the v1 kernel (correctness
-# first, speed not yet measured inside vLLM) has not passed its GPU acceptance tests end to end; until then
-# ``enabled: true`` opts in and everything else is stock vLLM.
+# Whether a setup that leaves ``enabled`` out gets the megakernel. Off while racecheck reports hazards on
+# the v2 kernel (benchmarks/results/h200-2026-12-01-v2-sanitizer); until then ``enabled: true`` opts in and
+# everything else is stock vLLM.
 AUTOMATIC_DEFAULT = False
 OPT_IN_REASON = ("the megakernel is opt-in until racecheck is clean on it and automatic mode has a measured "
                  "batch limit: set additional_config.megakernel.enabled=true")
 
-_FIELDS: dict[str, type] = {"enabled": bool, "strict": bool}
+# The largest decode batch measured at least as fast as stock vLLM -- together with every smaller batch
+# measured -- in the committed sweep below; a CPU test recomputes it from that sweep's results.json.
+MEASURED_MAX_BATCH = 8
+MEASURED_IN = "benchmarks/results/h200-2026-12-01-v2-vs-stock-8k"
+KERNEL_MAX_BATCH = KERNEL["max_batch"]
+
+_FIELDS: dict[str, type] = {"enabled": bool, "strict": bool, "max_batch": int}
 
 
 class MegakernelOptionError(ValueError):
@@ -57,6 +70,7 @@ class MegakernelUnsupportedError(RuntimeError):
 class MegakernelOptions:
     enabled: bool | None = None  # None: automatic (on where it can run)
     strict: bool = False
+    max_batch: int | None = None  # None: the default of the mode (module docstring)
 
     @property
     def explicitly_enabled(self) -> bool:
@@ -102,6 +116,11 @@ def parse_options(additional_config: Mapping[str, Any] | None) -> MegakernelOpti
                 f"got {type(value).__name__}: {value!r}"
             )
         values[key] = value
+    if "max_batch" in values and not 1 <= values["max_batch"] <= KERNEL_MAX_BATCH:
+        raise MegakernelOptionError(
+            f"additional_config.{CONFIG_KEY}.max_batch must be between 1 and {KERNEL_MAX_BATCH} (the kernel's "
+            f"limit), got {values['max_batch']}"
+        )
     return MegakernelOptions(**values)
 
 
@@ -109,10 +128,19 @@ def parse_options(additional_config: Mapping[str, Any] | None) -> MegakernelOpti
 class Decision:
     use_megakernel: bool
     reasons: tuple[str, ...] = ()  # why not, when use_megakernel is False
+    max_batch: int = 0  # the largest decode batch the megakernel takes, when it is on
+    max_batch_reason: str = ""
+
+    def capped(self, limit: int, why: str) -> Decision:
+        """The same decision with its batch limit lowered to ``limit`` (for ``why``) if that is lower."""
+        if not self.use_megakernel or limit >= self.max_batch:
+            return self
+        return dataclasses.replace(self, max_batch=limit, max_batch_reason=why)
 
     def log_line(self) -> str:
         if self.use_megakernel:
-            return "vllm_megakernel: decode runs on the megakernel"
+            return (f"vllm_megakernel: decode runs on the megakernel for batches of 1 to {self.max_batch} "
+                    f"({self.max_batch_reason}); larger decode batches, prefill and mixed batches run on stock vLLM")
         return "vllm_megakernel: decode runs on stock vLLM: " + "; ".join(self.reasons)
 
 
@@ -188,4 +216,10 @@ def decide(
                 + "; ".join(setup_reasons)
             )
         return Decision(False, tuple(setup_reasons))
-    return Decision(True)
+    if options.max_batch is not None:
+        limit, why = options.max_batch, "additional_config.megakernel.max_batch"
+    elif options.explicitly_enabled:
+        limit, why = KERNEL_MAX_BATCH, "the kernel's limit"
+    else:
+        limit, why = MEASURED_MAX_BATCH, f"measured at least as fast as stock up to there: {MEASURED_IN}"
+    return Decision(True, max_batch=limit, max_batch_reason=why)

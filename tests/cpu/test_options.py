@@ -24,6 +24,8 @@ from vllm_megakernel.options import (
     ({"megakernel": {"enabled": False}}, MegakernelOptions(enabled=False)),
     ({"megakernel": {"enabled": True, "strict": True}}, MegakernelOptions(enabled=True, strict=True)),
     ({"megakernel": '{"enabled": false}'}, MegakernelOptions(enabled=False)),  # a JSON string, as from a CLI
+    ({"megakernel": {"enabled": True, "max_batch": 4}}, MegakernelOptions(enabled=True, max_batch=4)),
+    ({"megakernel": {"max_batch": 64}}, MegakernelOptions(max_batch=64)),
 ])
 def test_parse_valid_options(additional_config, expected):
     assert parse_options(additional_config) == expected
@@ -34,6 +36,10 @@ def test_parse_valid_options(additional_config, expected):
     ({"megakernel": {"enabled": "true"}}, "enabled must be a JSON bool, got str"),
     ({"megakernel": {"enabled": 1}}, "enabled must be a JSON bool, got int"),
     ({"megakernel": {"strict": None}}, "strict must be a JSON bool, got NoneType"),
+    ({"megakernel": {"max_batch": "8"}}, "max_batch must be a JSON int, got str"),
+    ({"megakernel": {"max_batch": True}}, "max_batch must be a JSON int, got bool"),
+    ({"megakernel": {"max_batch": 0}}, "max_batch must be between 1 and 64"),
+    ({"megakernel": {"max_batch": 65}}, "max_batch must be between 1 and 64"),
     ({"megakernel": True}, "must be an object"),
     ({"megakernel": "{not json"}, "not JSON"),
     (["megakernel"], "must be a JSON object"),
@@ -154,7 +160,7 @@ def test_cli_flag_reaches_the_options_and_the_compile_cache_key():
     assert hashes["True"] != hashes["False"]
 
 
-def test_automatic_mode_is_opt_in_while_v1_is_validated():
+def test_automatic_mode_is_opt_in_until_racecheck_is_clean():
     from vllm_megakernel.options import AUTOMATIC_DEFAULT, OPT_IN_REASON
 
     d = decide(MegakernelOptions(), None, [])
@@ -172,3 +178,44 @@ def test_automatic_mode_turns_the_megakernel_on_once_the_default_flips(monkeypat
     assert decide(MegakernelOptions(), None, []).use_megakernel
     assert not decide(MegakernelOptions(), None, ["LoRA is on"]).use_megakernel  # still falls back
     assert not decide(MegakernelOptions(), "not built", []).use_megakernel
+
+
+def test_batch_limit_by_mode_and_the_log_line_says_which_batches_run_where(monkeypatch):
+    import vllm_megakernel.options as options
+
+    asked = decide(MegakernelOptions(enabled=True), None, [])
+    assert asked.max_batch == options.KERNEL_MAX_BATCH == 64
+    chosen = decide(MegakernelOptions(enabled=True, max_batch=4), None, [])
+    assert chosen.max_batch == 4
+    assert "batches of 1 to 4" in chosen.log_line() and "max_batch" in chosen.log_line()
+    assert "larger decode batches" in chosen.log_line()
+    monkeypatch.setattr(options, "AUTOMATIC_DEFAULT", True)
+    auto = decide(MegakernelOptions(), None, [])
+    assert auto.max_batch == options.MEASURED_MAX_BATCH
+    assert options.MEASURED_IN in auto.log_line()
+    # vLLM's largest CUDA graph lowers the limit, never raises it
+    assert auto.capped(4, "graphs").max_batch == 4 and "graphs" in auto.capped(4, "graphs").log_line()
+    assert auto.capped(64, "graphs") == auto
+    assert not decide(MegakernelOptions(max_batch=4), None, ["LoRA is on"]).use_megakernel
+
+
+def test_measured_batch_limit_is_what_the_committed_sweep_shows():
+    """MEASURED_MAX_BATCH: every measured batch up to it, at 8K, ran at least as fast on the megakernel as on
+    stock in the committed sweep (medians), and the next measured batch (if any) did not."""
+    import json
+    import statistics
+
+    from conftest import REPO
+    from vllm_megakernel.options import MEASURED_IN, MEASURED_MAX_BATCH
+
+    cases = json.loads((REPO / MEASURED_IN / "results.json").read_text())["cases"]
+    rate = {(c["side"], c["batch"]): statistics.median(c["per_request_tok_s"]) * c["batch"]
+            for c in cases if c["context"] == 8192 and c["status"] == "ok"}
+    batches = sorted({b for _, b in rate})
+    wins = [b for b in batches if rate[("megakernel", b)] >= rate[("stock", b)]]
+    limit = 0
+    for b in batches:
+        if b not in wins:
+            break
+        limit = b
+    assert limit == MEASURED_MAX_BATCH

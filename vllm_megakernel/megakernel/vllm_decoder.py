@@ -21,7 +21,7 @@ from vllm_megakernel.megakernel.schedule import Schedule, StepShape, build_sched
 from vllm_megakernel.reference import DecodeInputs, KVGroup, ModelDims, Weights
 
 # The largest padded batch the megakernel serves; bigger decode batches take vLLM's stock path.
-MAX_BATCH = 64
+MAX_BATCH = layout.MAX_BATCH
 
 
 def unsupported_model_reasons(hf_config) -> list[str]:

@@ -55,13 +55,13 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
         self.megakernel_decision: Decision = self._decide(vllm_config, options)
         self.megakernel = None
         if self.megakernel_decision.use_megakernel:
-            from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, batch_limit
+            from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder
 
             ext, _ = extension.load()
             self.megakernel = MegakernelDecoder(
                 self, vllm_config.model_config.hf_config, vllm_config.model_config.max_model_len,
                 num_sms=ext.query_device(torch.cuda.current_device())["sm_count"],
-                max_batch=batch_limit(vllm_config.compilation_config),
+                max_batch=self.megakernel_decision.max_batch,
             )
 
     @torch.no_grad()
@@ -94,6 +94,10 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
 
             reasons += unsupported_model_reasons(vllm_config.model_config.hf_config)
             decision = decide(options, problem, reasons)
+            from vllm_megakernel.megakernel.vllm_decoder import batch_limit
+
+            decision = decision.capped(batch_limit(vllm_config.compilation_config, decision.max_batch),
+                                       "vLLM's largest CUDA-graph size")
         log = logger.warning if options.explicitly_enabled and not decision.use_megakernel else logger.info
         log(decision.log_line())
         return decision
