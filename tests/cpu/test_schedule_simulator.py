@@ -239,6 +239,39 @@ def test_replaying_the_reference_routing_reproduces_it(dims, weights):
     assert len(routing) == sum(not d for d in dims.dense)
 
 
+@pytest.mark.parametrize("layer", [1, 4])  # the tiny config's layer 1 slides, layer 4 sees everything
+def test_attention_alone_schedule_matches_the_reference_attention(dims, weights, layer):
+    """schedule.attention_schedule (benchmarks.attention_bench times it): one layer's partial and combine
+    waves over q and a cache already in place -- deadlock- and race-free, and its output is the reference's
+    attention for every live row (a sliding and a full layer, ragged lengths, one padding row)."""
+    from vllm_megakernel.megakernel.schedule import attention_schedule
+
+    batch, lengths = 4, [1, dims.sliding_window + 3, 2 * dims.sliding_window + 1]
+    gen = torch.Generator().manual_seed(layer)
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=layer)
+    sim.fill_history(lengths + [0], generator=gen)
+    inp = sim.step([5, 6, 7, None])
+    hq, hkv, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
+    group = inp.groups[inp.layer_group[layer]]
+    ref.write_kv(inp.kv_caches[layer], group.slot_mapping, torch.randn(batch, hkv, d, generator=gen),
+                 torch.randn(batch, hkv, d, generator=gen))  # the new token's K/V, which qkv would write
+    sched = attention_schedule(dims, StepShape(batch=batch, num_sms=5, attn_splits=3, attn_min_tiles=1), layer,
+                               *weights.intermediates())
+    assert {t.wave for t in sched.tasks} == {"attn_partial", "attn_combine"}
+    assert all(t.layer == layer for t in sched.tasks)
+    simulate.check_races(sched)
+    numerics = simulate.Numerics(sched, weights, inp)
+    numerics.q[:] = torch.randn(numerics.q.shape, generator=gen)
+    simulate.run(sched, numerics, order="random", seed=layer)
+    window = dims.sliding_window if dims.sliding[layer] else None
+    for r in range(batch):
+        if inp.seq_lens[r] == 0:
+            continue
+        want = ref.attend(numerics.q[r], inp.kv_caches[layer], group.block_table[r], int(inp.seq_lens[r]), window,
+                          hkv)
+        torch.testing.assert_close(numerics.attn[r].view(hq, d), want, atol=1e-5, rtol=1e-5)
+
+
 def test_attention_splits_give_every_sm_work_and_follow_the_live_length():
     """About one (request, split) task per SM; a split covers whole 16-token tiles, at least min_tiles of
     them, so short contexts use fewer splits (the rest return at once) and the splits cover exactly the

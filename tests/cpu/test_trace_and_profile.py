@@ -166,3 +166,22 @@ def test_committed_kernel_profile_reports_are_what_the_tool_writes_from_their_fi
     data = json.loads(profile.read_text())
     text = kernel_profile.report(data["results"], data["bandwidth_bytes_per_s"], data["config"])
     assert (profile.parent / "report.md").read_text() == text
+
+
+def test_attention_bench_counts_visible_kv_bytes_and_flags_disagreeing_outputs():
+    """benchmarks.attention_bench: a sliding layer reads at most its window (the new token included), a full
+    layer the whole history plus the new token; the table gives both sides' share of copy bandwidth and
+    says so plainly when the two outputs disagree."""
+    from benchmarks import attention_bench as ab
+
+    assert ab.kv_bytes(1, 8192, 4096, 4, 128) == 4096 * 2 * 4 * 128 * 2
+    assert ab.kv_bytes(2, 1000, 4096, 4, 128) == 2 * 1001 * 2 * 4 * 128 * 2
+    assert ab.kv_bytes(1, 8192, None, 4, 128) == 8193 * 2 * 4 * 128 * 2
+    dims = ab.attention_dims(ref.ModelDims.from_config(REPO / "configs" / "north-mini-code"))
+    assert dims.num_layers == 2 and dims.sliding == (True, False) and dims.dense == (False, False)
+    case = {"batch": 1, "context": 8192, "layer": "full", "window": None, "attn_splits": 128, "tasks": 160,
+            "kv_bytes": 16.8e6, "fa3_us": 5.0, "megakernel_us": 10.0, "megakernel_span_us": 7.0, "min_cosine": 0.9999}
+    bad = dict(case, layer="sliding", min_cosine=0.5)
+    text = ab.table({"bandwidth_bytes_per_s": 4.2e12, "reps": 10, "iters": 20, "cases": [case, bad]})
+    assert "| 1 | 8192 | full | 16.8 | 5.0 | 80% | 10.0 | 40% | 7.0 | 2.00x | 0.99990 |" in text
+    assert "DISAGREE 0.5000" in text

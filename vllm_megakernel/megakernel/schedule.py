@@ -290,13 +290,8 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             b.task(Op.ROUTER_TOPK, layer, "router_topk", waits=(bar["router"],), signal=bar["route"],
                    reads=(("scores",),), writes=(("route",), ("topk_w",)))
 
-        def attn_wave():  # (request, split) over every KV head
-            bar["attn"] = b.barrier(f"{L}.attn")
-            for r in range(B):
-                for s in range(S):
-                    b.task(Op.ATTN_PARTIAL, layer, "attn_partial", waits=(bar["qkv"],), signal=bar["attn"],
-                           load_wait=bar["qkv"], reads=(("q",), ("kv", layer)), writes=(("opart", r, s),),
-                           request=r, split=s)
+        def attn_wave():
+            bar["attn"] = _attn_partial_wave(b, layer, B, S, bar["qkv"])
 
         def up_wave():
             if dense:
@@ -330,12 +325,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                            row0=t * n, rows=n)
 
         def combine_wave():
-            bar["comb"] = b.barrier(f"{L}.attn_combine")
-            for r in range(B):
-                for h0 in range(0, hq, heads_per_combine):
-                    b.task(Op.ATTN_COMBINE, layer, "attn_combine", waits=(bar["attn"],), signal=bar["comb"],
-                           reads=(("opart", r),), writes=(("attn", r, h0),), request=r, head0=h0,
-                           heads=heads_per_combine)
+            bar["comb"] = _attn_combine_wave(b, layer, B, hq, heads_per_combine, bar["attn"])
 
         def o_wave():
             bar["o"] = b.barrier(f"{L}.o_proj")
@@ -360,7 +350,31 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             waves[wave]()
         prev_o, prev_mlp = bar["o"], bar["mlp"]
     norm_wave(dims.num_layers, True, "final_norm", NO_BARRIER)
+    return _placed(b, dims, shape, tiles)
 
+
+def _attn_partial_wave(b: _Builder, layer: int, batch: int, splits: int, qkv: int) -> int:
+    """(request, split) tasks over every KV head; they wait for the layer's qkv (``NO_BARRIER``: q and the
+    new token's K/V are already in place). Returns the barrier they signal."""
+    done = b.barrier(f"L{layer}.attn")
+    for r in range(batch):
+        for s in range(splits):
+            b.task(Op.ATTN_PARTIAL, layer, "attn_partial", waits=() if qkv == NO_BARRIER else (qkv,), signal=done,
+                   load_wait=qkv, reads=(("q",), ("kv", layer)), writes=(("opart", r, s),), request=r, split=s)
+    return done
+
+
+def _attn_combine_wave(b: _Builder, layer: int, batch: int, num_heads: int, heads: int, partial: int) -> int:
+    done = b.barrier(f"L{layer}.attn_combine")
+    for r in range(batch):
+        for h0 in range(0, num_heads, heads):
+            b.task(Op.ATTN_COMBINE, layer, "attn_combine", waits=(partial,), signal=done, reads=(("opart", r),),
+                   writes=(("attn", r, h0),), request=r, head0=h0, heads=heads)
+    return done
+
+
+def _placed(b: _Builder, dims: ModelDims, shape: StepShape, tiles: layout.GemmTiles) -> Schedule:
+    """Barrier targets counted from the signalling tasks, and the tasks dealt round-robin in step order."""
     for t in b.tasks:
         if t.signal != NO_BARRIER:
             b.barriers[t.signal].target += 1
@@ -371,4 +385,18 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     return Schedule(dims, shape, tiles, b.tasks, b.barriers, sm_tasks)
 
 
-__all__ = ["Barrier", "MOE_ONLY_WAVES", "Schedule", "StepShape", "Task", "WAVE_ORDERS", "build_schedule"]
+def attention_schedule(dims: ModelDims, shape: StepShape, layer: int, moe_intermediate: int,
+                       dense_intermediate: int) -> Schedule:
+    """One layer's attention alone -- its ATTN_PARTIAL and ATTN_COMBINE waves over q and the paged KV cache
+    already in place (no qkv wave to wait for) -- for timing the attention against other implementations
+    (benchmarks.attention_bench) and checking it by itself."""
+    heads = shape.combine_heads or layout.combine_heads_for(shape.batch, dims.num_heads)
+    b = _Builder()
+    partial = _attn_partial_wave(b, layer, shape.batch, shape.attn_splits, NO_BARRIER)
+    _attn_combine_wave(b, layer, shape.batch, dims.num_heads, heads, partial)
+    tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, shape.batch, dict(shape.tiles))
+    return _placed(b, dims, shape, tiles)
+
+
+__all__ = ["Barrier", "MOE_ONLY_WAVES", "Schedule", "StepShape", "Task", "WAVE_ORDERS", "attention_schedule",
+           "build_schedule"]
