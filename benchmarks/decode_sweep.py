@@ -112,11 +112,13 @@ def worker(args) -> None:
                 return time.perf_counter() - t
 
             timed(1), timed(args.new_tokens + 1)  # warm-up at this shape
-            rates = []
+            rates, timings = [], []
             for _ in range(args.repeats):
                 t1, tn = timed(1), timed(args.new_tokens + 1)
                 rates.append(args.new_tokens / (tn - t1))
-            out.update(status="ok", per_request_tok_s=rates)
+                timings.append([t1, tn])
+            # the raw pairs too: a repeat whose rate stands out shows which of its two runs was off
+            out.update(status="ok", per_request_tok_s=rates, timings_s=timings)
         results.append(out)
         write_json_atomic(args.out, results)  # after every case: a run cut short keeps what it measured
         med = statistics.median(out["per_request_tok_s"]) * b if out["status"] == "ok" else None
