@@ -13,7 +13,8 @@ speed against stock vLLM comes from benchmarks.decode_sweep. --schedules compare
 each is a comma-separated list of StepShape choices (attn_splits, attn_min_tiles, combine_heads, norm,
 order: a schedule.WAVE_ORDERS name) and
 GEMM task sizes (layout.GemmTiles fields), or "default". With --out the report is also written there
-(report.md, profile.json, and traces.pt: every task's trace record of the first schedule's traced launches).
+(report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
+schedule's traced launches).
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ def main(argv=None) -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--save-traces", action="store_true",
+                    help="also write traces.pt (every task's record of the first schedule's traced launches, "
+                         "about 1 MB a batch size); the report already holds the per-wave table and a layer's timeline")
     args = ap.parse_args(argv)
 
     import torch
@@ -216,7 +220,8 @@ def main(argv=None) -> None:
         (args.out / "report.md").write_text(text)
         (args.out / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": bandwidth, "config": config,
                                                            "results": results}, indent=1))
-        torch.save(traces, args.out / "traces.pt")
+        if args.save_traces:
+            torch.save(traces, args.out / "traces.pt")
     print(text)
 
 
