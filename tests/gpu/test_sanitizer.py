@@ -1,5 +1,6 @@
 """compute-sanitizer is clean on one megakernel decode step (full width, 5 layers, ragged batch with a
-padding row): no out-of-bounds or misaligned access (memcheck), no shared-memory hazard (racecheck)."""
+padding row): no out-of-bounds or misaligned access (memcheck), no shared-memory hazard (racecheck), no
+invalid use of a barrier -- named barriers, mbarriers (synccheck)."""
 
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent
 
 
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_one_step_is_sanitizer_clean(shallow_checkpoint, tool):
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not Path(sanitizer).exists():
@@ -25,6 +26,6 @@ def test_one_step_is_sanitizer_clean(shallow_checkpoint, tool):
     assert proc.returncode == 0, tail
     assert "step ok" in proc.stdout
     # each tool ends with its own summary line
-    clean = {"memcheck": "ERROR SUMMARY: 0 errors",
+    clean = {"memcheck": "ERROR SUMMARY: 0 errors", "synccheck": "ERROR SUMMARY: 0 errors",
              "racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"}[tool]
     assert clean in proc.stdout + proc.stderr, tail
