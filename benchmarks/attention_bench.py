@@ -161,6 +161,7 @@ def main(argv=None) -> None:
     import torch
 
     from benchmarks.sol import measure_bandwidth
+    from vllm_megakernel.megakernel.layout import ATTN_TILE
     from vllm_megakernel.reference import ModelDims, Weights
 
     config = json.loads((Path(args.model) / "config.json").read_text())
@@ -174,7 +175,8 @@ def main(argv=None) -> None:
         grid.append((1, args.long_context))
     cases, skipped = [], []
     for b, c in grid:
-        need = 2 * b * (c + 17) * 2 * dims.num_kv_heads * dims.head_dim * 2 / 1e9
+        # two full-history caches, the new token's block included
+        need = 2 * kv_bytes(b, c + ATTN_TILE, None, dims.num_kv_heads, dims.head_dim) / 1e9
         if need > args.max_cache_gb:
             skipped.append({"batch": b, "context": c, "reason": f"caches need {need:.0f} GB > --max-cache-gb"})
             continue

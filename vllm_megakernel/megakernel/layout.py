@@ -112,7 +112,7 @@ def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
         qkv_rows=tile(qkv_total, h, 64 if big else 40, "qkv_rows"),
         o_rows=tile(h, q, 16, "o_rows"),
         # 4 router tasks at 128 experts: with 128 qkv tasks, one task per SM at the head of each layer
-        # (16 router tasks put two on 12 SMs): -5% at batch 1, -2% at batch 8 (PERF_LOG #10)
+        # (16 router tasks put two on 12 SMs): -5% at batch 1, -2% at batch 8 (PERF_LOG #12)
         router_rows=tile(dims.num_experts, h, 32, "router_rows"),
         dense_up_cols=tile(dense_intermediate, h, 32 if big else 16, "dense_up_cols", pair=True)
         if dense_intermediate else 0,

@@ -149,7 +149,7 @@ class Schedule:
 
     @property
     def combine_heads(self) -> int:
-        return self.shape.combine_heads or layout.combine_heads_for(self.shape.batch, self.dims.num_heads)
+        return _heads_per_combine(self.dims, self.shape)
 
     def encode(self) -> torch.Tensor:
         """[num_sms, max_tasks + 1, TASK_WORDS] int32; each SM's list ends with an END task (all zeros)."""
@@ -227,9 +227,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, B, dict(shape.tiles))
     fold = layout.fold_norm(B) if shape.norm == "auto" else shape.norm == "fold"
     slots = layout.moe_slots(dims, B)
-    heads_per_combine = shape.combine_heads or layout.combine_heads_for(B, hq)
-    if hq % heads_per_combine:
-        raise ValueError(f"{hq} query heads do not split into combines of {heads_per_combine}")
+    heads_per_combine = _heads_per_combine(dims, shape)
     chunks = range(-(-B // layout.NORM_ROWS))  # row chunks of x / hn (NORM tasks, region units)
     qkv_rows = (hq + 2 * hkv) * D
     combine_cols = min(COMBINE_COLS, H)
@@ -353,6 +351,14 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     return _placed(b, dims, shape, tiles)
 
 
+def _heads_per_combine(dims: ModelDims, shape: StepShape) -> int:
+    """Query heads per ATTN_COMBINE task: the shape's choice, else layout.combine_heads_for's."""
+    heads = shape.combine_heads or layout.combine_heads_for(shape.batch, dims.num_heads)
+    if dims.num_heads % heads:
+        raise ValueError(f"{dims.num_heads} query heads do not split into combines of {heads}")
+    return heads
+
+
 def _attn_partial_wave(b: _Builder, layer: int, batch: int, splits: int, qkv: int) -> int:
     """(request, split) tasks over every KV head; they wait for the layer's qkv (``NO_BARRIER``: q and the
     new token's K/V are already in place). Returns the barrier they signal."""
@@ -390,10 +396,9 @@ def attention_schedule(dims: ModelDims, shape: StepShape, layer: int, moe_interm
     """One layer's attention alone -- its ATTN_PARTIAL and ATTN_COMBINE waves over q and the paged KV cache
     already in place (no qkv wave to wait for) -- for timing the attention against other implementations
     (benchmarks.attention_bench) and checking it by itself."""
-    heads = shape.combine_heads or layout.combine_heads_for(shape.batch, dims.num_heads)
     b = _Builder()
     partial = _attn_partial_wave(b, layer, shape.batch, shape.attn_splits, NO_BARRIER)
-    _attn_combine_wave(b, layer, shape.batch, dims.num_heads, heads, partial)
+    _attn_combine_wave(b, layer, shape.batch, dims.num_heads, _heads_per_combine(dims, shape), partial)
     tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, shape.batch, dict(shape.tiles))
     return _placed(b, dims, shape, tiles)
 
