@@ -1,7 +1,6 @@
 // DENSE_UPGATE and DENSE_DOWN: the SwiGLU FFN of the dense prefix layer.
 // gate_up_w is vLLM's merged [gate; up] weight [2I, H]: an up/gate task streams the gate rows of its
-// columns, then the same columns' up rows; the activation is silu(gate) * up in fp32 on the bf16-rounded
-// GEMM outputs, rounded once (vLLM's SiluAndMul).
+// columns, then the same columns' up rows (store_silu_mul, gemm.cuh, makes the activation).
 #pragma once
 
 #include "norm.cuh"
@@ -26,13 +25,8 @@ struct DenseUpgateOp {
     const int col0 = t[abi::F_DENSE_UPGATE_COL0], cols = t[abi::F_DENSE_UPGATE_COLS], R = 2 * cols;
     const int B = c.st.batch(), bp = padded_rows(B);
     if (!hidden_gemm<RS>(c, t, t[abi::F_DENSE_UPGATE_NORM] != 0, R, sh.part, sh.norm, nullptr, nullptr)) return false;
-    bf16* act = c.st.ptr<bf16>(abi::S_DACT);
-    for (int idx = c.thread; idx < cols * B; idx += kConsumerThreads) {
-      const int j = idx % cols, b = idx / cols;
-      const float gate = round_bf16(sh.part[j * bp + b]);
-      const float up = round_bf16(sh.part[(cols + j) * bp + b]);
-      act[(long long)b * I + col0 + j] = __float2bfloat16(silu(gate) * up);
-    }
+    bf16* act = c.st.ptr<bf16>(abi::S_DACT) + col0;
+    store_silu_mul(c, sh.part, cols, B, bp, [&](int b) { return act + (long long)b * I; });
     return true;
   }
 };
@@ -51,11 +45,8 @@ struct DenseDownOp {
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
     const int row0 = t[abi::F_DENSE_DOWN_ROW0], R = t[abi::F_DENSE_DOWN_ROWS], B = c.st.batch(), bp = padded_rows(B);
     if (!gemm_task<K, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_DACT), K, B}, B, R, sh.part)) return false;
-    bf16* mlp = c.st.mlp(t.layer());
-    for (int idx = c.thread; idx < R * B; idx += kConsumerThreads) {
-      const int r = idx % R, b = idx / R;
-      mlp[(long long)b * abi::kHidden + row0 + r] = __float2bfloat16(sh.part[r * bp + b]);
-    }
+    bf16* mlp = c.st.mlp(t.layer()) + row0;
+    store_rows(c, sh.part, R, B, bp, [&](int b) { return mlp + (long long)b * abi::kHidden; });
     return true;
   }
 };

@@ -193,4 +193,29 @@ __device__ bool gemm_task(Consumer& c, const Src& src, int count, int R, float* 
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 
+// Epilogues, after gemm_task left the sums in part[r * bp + b]. ``row(b)`` is where batch row b's outputs
+// start in the destination (the task's first output column already added).
+
+// Weight row r of the task -> output column r, rounded to bf16.
+template <class Row>
+__device__ __forceinline__ void store_rows(const Consumer& c, const float* part, int R, int count, int bp, Row row) {
+  for (int idx = c.thread; idx < R * count; idx += kConsumerThreads) {
+    const int r = idx % R, b = idx / R;
+    row(b)[r] = __float2bfloat16(part[r * bp + b]);
+  }
+}
+
+// An up/gate task's sums (cols gate rows, then cols up rows) -> silu(gate) * up on the bf16-rounded sums, in
+// fp32, rounded once (vLLM's SiluAndMul).
+template <class Row>
+__device__ __forceinline__ void store_silu_mul(const Consumer& c, const float* part, int cols, int count, int bp,
+                                               Row row) {
+  for (int idx = c.thread; idx < cols * count; idx += kConsumerThreads) {
+    const int j = idx % cols, b = idx / cols;
+    const float gate = round_bf16(part[j * bp + b]);
+    const float up = round_bf16(part[(cols + j) * bp + b]);
+    row(b)[j] = __float2bfloat16(silu(gate) * up);
+  }
+}
+
 }  // namespace vllm_megakernel

@@ -36,13 +36,8 @@ struct MoeUpgateOp {
     const int* rows = c.st.slot_rows(slot);
     const GatheredRows src{c.st.ptr<const bf16>(abi::S_HN), K, count, rows, abi::kTopK};
     if (!gemm_task<K, RS>(c, src, count, R, sh.part)) return false;
-    bf16* act = c.st.ptr<bf16>(abi::S_ACT);
-    for (int idx = c.thread; idx < cols * count; idx += kConsumerThreads) {
-      const int j = idx % cols, b = idx / cols;
-      const float gate = round_bf16(sh.part[j * bp + b]);
-      const float up = round_bf16(sh.part[(cols + j) * bp + b]);
-      act[(long long)rows[b] * I + col0 + j] = __float2bfloat16(silu(gate) * up);
-    }
+    bf16* act = c.st.ptr<bf16>(abi::S_ACT) + col0;
+    store_silu_mul(c, sh.part, cols, count, bp, [&](int b) { return act + (long long)rows[b] * I; });
     return true;
   }
 };
@@ -70,11 +65,8 @@ struct MoeDownOp {
     const int* rows = c.st.slot_rows(slot);
     const GatheredRows src{c.st.ptr<const bf16>(abi::S_ACT), K, count, rows, 1};
     if (!gemm_task<K, RS>(c, src, count, R, sh.part)) return false;
-    bf16* eout = c.st.ptr<bf16>(abi::S_EOUT);
-    for (int idx = c.thread; idx < R * count; idx += kConsumerThreads) {
-      const int r = idx % R, b = idx / R;
-      eout[(long long)rows[b] * abi::kHidden + row0 + r] = __float2bfloat16(sh.part[r * bp + b]);
-    }
+    bf16* eout = c.st.ptr<bf16>(abi::S_EOUT) + row0;
+    store_rows(c, sh.part, R, count, bp, [&](int b) { return eout + (long long)rows[b] * abi::kHidden; });
     return true;
   }
 };

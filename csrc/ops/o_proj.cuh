@@ -19,11 +19,8 @@ struct OProjOp {
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
     const int row0 = t[abi::F_O_PROJ_ROW0], R = t[abi::F_O_PROJ_ROWS], B = c.st.batch(), bp = padded_rows(B);
     if (!gemm_task<K, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_ATTN), K, B}, B, R, sh.part)) return false;
-    bf16* o = c.st.o(t.layer());
-    for (int idx = c.thread; idx < R * B; idx += kConsumerThreads) {
-      const int r = idx % R, b = idx / R;
-      o[(long long)b * abi::kHidden + row0 + r] = __float2bfloat16(sh.part[r * bp + b]);
-    }
+    bf16* o = c.st.o(t.layer()) + row0;
+    store_rows(c, sh.part, R, B, bp, [&](int b) { return o + (long long)b * abi::kHidden; });
     return true;
   }
 };
