@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 3;
+constexpr int kAbiVersion = 4;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -24,6 +24,11 @@ enum Op : int {
   OP_MOE_DOWN = 11,
   OP_MOE_COMBINE = 12,
 };
+
+// Opcodes whose tasks skip their input waits when has_work() says they have nothing to do.
+constexpr bool waits_only_if_work(int op) {
+  return op == OP_ATTN_PARTIAL;
+}
 
 // Header words, common to every opcode.
 constexpr int F_OPCODE = 0;

@@ -87,6 +87,24 @@ __device__ __forceinline__ bool load_task(int op, Producer& p, const Task& t) {
   }
 }
 
+#define MEGAKERNEL_HOOK_CHECK(name, T)                                                     \
+  static_assert(DeclaresHasWork<T>::value == abi::waits_only_if_work(abi::OP_##name), #T \
+                ": declares has_work() exactly when abi.WAITS_ONLY_IF_WORK lists its opcode");
+MEGAKERNEL_OPS(MEGAKERNEL_HOOK_CHECK)
+#undef MEGAKERNEL_HOOK_CHECK
+
+__device__ __forceinline__ bool has_work(int op, const Step& st, const Task& t) {
+  switch (op) {
+#define MEGAKERNEL_HAS_WORK(name, T) \
+  case abi::OP_##name:               \
+    return op_has_work<T>(st, t);
+    MEGAKERNEL_OPS(MEGAKERNEL_HAS_WORK)
+#undef MEGAKERNEL_HAS_WORK
+    default:
+      return true;
+  }
+}
+
 __device__ __forceinline__ bool compute_task(int op, Consumer& c, const Task& t, OpShared& sh) {
   switch (op) {
 #define MEGAKERNEL_COMPUTE(name, T) \
@@ -142,8 +160,12 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
     unsigned long long wait_start = 0, run_start = 0;
     if (leader) {
       if (trace) wait_start = global_timer_ns();
-      const bool ok = wait_input(S, barriers, d[abi::F_WAIT0_BARRIER], d[abi::F_WAIT0_COUNT], error, timeout_ns, d) &&
-                      wait_input(S, barriers, d[abi::F_WAIT1_BARRIER], d[abi::F_WAIT1_COUNT], error, timeout_ns, d);
+      // A task with nothing to do on this step's data reads nothing: it does not wait (and hold up the
+      // tasks queued behind it on this SM) for inputs it will not read.
+      const bool ok =
+          (abi::waits_only_if_work(op) && !has_work(op, st, t)) ||
+          (wait_input(S, barriers, d[abi::F_WAIT0_BARRIER], d[abi::F_WAIT0_COUNT], error, timeout_ns, d) &&
+           wait_input(S, barriers, d[abi::F_WAIT1_BARRIER], d[abi::F_WAIT1_COUNT], error, timeout_ns, d));
       if (!ok) {
         S.consumer_abort = 1;
         pipe.abort = 1;  // and the producer stops waiting for ring space

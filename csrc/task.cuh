@@ -8,8 +8,15 @@
 //   - `static bool compute(Consumer&, const Task&, Shared&)`: runs on every consumer thread after the
 //     task's input barriers are satisfied; consumes exactly the stages `load` issued, in order, and writes
 //     the task's outputs. The loop (megakernel.cu) owns the waits, the fences and the signal.
+//   - optionally `static bool has_work(const Step&, const Task&)`, declared exactly by the opcodes in
+//     abi::waits_only_if_work (checked at compile time): false when the task has nothing to do on this
+//     step's live data, decided only from what the host wrote before the launch (sequence lengths). Such a
+//     task reads and writes nothing, so the loop skips its input waits; it still signals.
 // Both return false only when the block aborted (a wait gave up); the loop then unwinds.
 #pragma once
+
+#include <type_traits>
+#include <utility>
 
 #include "barrier.cuh"
 #include "common.cuh"
@@ -61,5 +68,20 @@ struct Consumer {
     if (tracing && Role::consumer_leader()) stages_ns = global_timer_ns();
   }
 };
+
+// Whether an op struct declares the optional has_work hook.
+template <class T, class = void>
+struct DeclaresHasWork : std::false_type {};
+template <class T>
+struct DeclaresHasWork<T, decltype(void(T::has_work(std::declval<const Step&>(), std::declval<const Task&>())))>
+    : std::true_type {};
+
+template <class T>
+__device__ __forceinline__ bool op_has_work(const Step& st, const Task& t) {
+  if constexpr (DeclaresHasWork<T>::value)
+    return T::has_work(st, t);
+  else
+    return true;
+}
 
 }  // namespace vllm_megakernel

@@ -4,7 +4,7 @@
 // visible keys (positions [seq_len - W, seq_len) on sliding layers, [0, seq_len) on full layers). The
 // split is evaluated on the live seq_len with layout.attn_split_tiles' formula (AttnSplit below) by the
 // producer, the consumers and the combine alike: the visible tiles are cut into equal runs of at least
-// attn_min_tiles, so short contexts use few splits and the tasks past them return at once (and write
+// attn_min_tiles, so short contexts use few splits and the tasks past them neither wait nor compute (and write
 // nothing: the combine reads only the splits in use).
 //
 // Producer: one stage per tile, K then V of all 4 KV heads: vLLM's layout (block, K/V, token, head, dim)
@@ -64,6 +64,11 @@ struct AttnPartialOp {
     float m[abi::kNumKvHeads][kHeadsPerGroup];
     float l[abi::kNumKvHeads][kHeadsPerGroup];
   };
+
+  // Splits past the request's visible keys (short contexts, padding rows) have nothing to do.
+  static __device__ bool has_work(const Step& st, const Task& t) {
+    return t[abi::F_ATTN_PARTIAL_SPLIT] < AttnSplit::of(st, t.ly, t[abi::F_ATTN_PARTIAL_REQUEST]).used;
+  }
 
   static __device__ bool load(Producer& p, const Task& t) {
     const int r = t[abi::F_ATTN_PARTIAL_REQUEST], split = t[abi::F_ATTN_PARTIAL_SPLIT];

@@ -46,7 +46,7 @@ struct RouterTopkOp {
   static constexpr int E = abi::kNumExperts, K = abi::kTopK, kPerLane = E / 32;
   static_assert(E % 32 == 0, "experts are dealt to lanes");
   struct Shared {
-    int chosen[abi::kMaxBatch * abi::kTopK];
+    int chosen[abi::kMaxBatch * abi::kTopK];  // expert of pair (row, k); -1 for padding rows
     int count[abi::kNumExperts];
     int slot[abi::kNumExperts];
   };
@@ -61,6 +61,7 @@ struct RouterTopkOp {
     const bool renorm = c.st.i(abi::S_NORM_TOPK_PROB) != 0;
     for (int e = c.thread; e < E; e += kConsumerThreads) sh.count[e] = 0;
     for (int r = c.warp; r < B; r += kConsumerWarps) {
+      const bool live = c.st.seq_len(r) > 0;  // padding rows are not routed (their weights are unused)
       float s[kPerLane];
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) s[j] = scores[r * E + c.lane + 32 * j];
@@ -84,7 +85,7 @@ struct RouterTopkOp {
         if (c.lane == k) mine = best;
         total += best;
         if (c.lane == 0) {
-          sh.chosen[r * K + k] = best_e;
+          sh.chosen[r * K + k] = live ? best_e : -1;
           if (route_log) route_log[((long long)layer * B + r) * K + k] = best_e;
         }
       }
@@ -92,7 +93,7 @@ struct RouterTopkOp {
     }
     consumer_sync();
     for (int p = c.thread; p < B * K; p += kConsumerThreads)
-      if (c.st.seq_len(p / K) > 0) atomicAdd(&sh.count[sh.chosen[p]], 1);
+      if (sh.chosen[p] >= 0) atomicAdd(&sh.count[sh.chosen[p]], 1);
     consumer_sync();
     int* slot_expert = c.st.slot_expert();
     int* slot_count = c.st.slot_count();
@@ -112,13 +113,14 @@ struct RouterTopkOp {
       if (c.lane == 0) c.st.route()[0] = base;
     }
     consumer_sync();
-    for (int e = c.thread; e < E; e += kConsumerThreads) {  // each expert's rows, ascending
-      const int slot = sh.slot[e];
-      if (slot < 0) continue;
-      int* rows = c.st.slot_rows(slot);
+    // Each expert's rows, ascending: pair p's place among its expert's pairs is the number of earlier
+    // pairs with the same expert (at most B * K reads of shared memory per pair, no global loads).
+    for (int p = c.thread; p < B * K; p += kConsumerThreads) {
+      const int e = sh.chosen[p];
+      if (e < 0) continue;
       int n = 0;
-      for (int p = 0; p < B * K; ++p)
-        if (sh.chosen[p] == e && c.st.seq_len(p / K) > 0) rows[n++] = p;
+      for (int q = 0; q < p; ++q) n += sh.chosen[q] == e;
+      c.st.slot_rows(sh.slot[e])[n] = p;
     }
     return true;
   }

@@ -357,3 +357,25 @@ def test_workspace_round_trip_resumes_the_step_exactly(dims, weights):
     for t in sched.tasks[cut:]:
         b(t)
     torch.testing.assert_close(b.out, whole, atol=0, rtol=0)
+
+
+def test_later_tasks_do_not_lean_on_the_waits_an_empty_attention_split_skips(dims, monkeypatch):
+    # The kernel skips the input waits of an attention split with nothing to do (abi.WAITS_ONLY_IF_WORK).
+    # A task after it on its SM that reads q, ordered after the layer's qkv only through the split's wait,
+    # is a race; it would not be if the split always waited.
+    s = tiny_schedule(dims, 1)
+    for lst in s.sm_tasks:
+        pairs = [(a, b) for a, b in zip(lst, lst[1:])
+                 if s.tasks[a].op == Op.ATTN_PARTIAL and s.tasks[b].op == Op.MOE_UPGATE
+                 and s.tasks[a].layer == s.tasks[b].layer]
+        if pairs:
+            split, later = (s.tasks[i] for i in pairs[0])
+            break
+    else:
+        pytest.fail("no SM runs an expert task right after an attention split")
+    assert split.waits_only_if_work and not later.waits_only_if_work
+    later.reads += (("q",),)
+    with pytest.raises(simulate.RaceError, match="'q'"):
+        simulate.check_races(s)
+    monkeypatch.setattr("vllm_megakernel.megakernel.schedule.WAITS_ONLY_IF_WORK", frozenset())
+    simulate.check_races(s)

@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -75,6 +75,13 @@ OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.MOE_DOWN: ("slot", "row0", "rows"),
     Op.MOE_COMBINE: ("col0", "cols"),
 }
+
+# Opcodes whose tasks may have nothing to do on a step's live data (an attention split past the end of its
+# request's visible keys). The op struct declares `has_work(step, task)`, read only from what the host wrote
+# before the launch; a task without work skips its input waits (it reads and writes nothing) and still
+# signals. A queued task that waits on inputs holds up every task behind it on its SM, so an empty one
+# should not. The simulator does not let later tasks on the SM lean on such a task's waits.
+WAITS_ONLY_IF_WORK = frozenset({Op.ATTN_PARTIAL})
 
 # What a stalled wait leaves behind (int32 words) before the kernel exits; Python raises naming them.
 ERROR_FIELDS = (
@@ -216,7 +223,10 @@ def render_header() -> str:
         "enum Op : int {",
     ]
     lines += [f"  OP_{op.name} = {int(op)}," for op in Op]
-    lines += ["};", "", "// Header words, common to every opcode."]
+    lines += ["};", "", "// Opcodes whose tasks skip their input waits when has_work() says they have nothing to do."]
+    lines += ["constexpr bool waits_only_if_work(int op) {",
+              "  return " + " || ".join(f"op == OP_{op.name}" for op in sorted(WAITS_ONLY_IF_WORK)) + ";", "}"]
+    lines += ["", "// Header words, common to every opcode."]
     lines += [f"constexpr int F_{name.upper()} = {i};" for i, name in enumerate(HEADER_FIELDS)]
     for op in Op:
         if OP_FIELDS[op]:

@@ -18,8 +18,8 @@ the argument carries over. The simulator checks this rather than trusting it.
 Dependencies are barriers (counters). A barrier's target is the number of tasks that signal it -- derived
 here, never written by hand -- and every wait on it waits for exactly that target. Work that depends on
 live data (sequence lengths, routing) keeps static task counts: an attention split past the end of its
-sequence, or an expert slot past the number of experts actually chosen, still runs and still signals, it
-just has nothing to compute. Every task declares the logical buffer regions it reads and writes, so the
+sequence (which also skips its waits: abi.WAITS_ONLY_IF_WORK), or an expert slot past the number of experts
+actually chosen, still runs and still signals, it just has nothing to compute. Every task declares the logical buffer regions it reads and writes, so the
 simulator can prove that every conflicting pair of tasks is ordered by the barriers. A region is a tuple
 key; a write names a whole key, a read may name a prefix of keys (``("o", 1)`` reads every
 ``("o", 1, unit)``).
@@ -36,7 +36,7 @@ import dataclasses
 import torch
 
 from vllm_megakernel.megakernel import layout
-from vllm_megakernel.megakernel.abi import NO_BARRIER, TASK_WORDS, Op, encode
+from vllm_megakernel.megakernel.abi import NO_BARRIER, TASK_WORDS, WAITS_ONLY_IF_WORK, Op, encode
 from vllm_megakernel.reference import ModelDims
 
 Region = tuple  # a logical buffer region, e.g. ("q", tile) or ("kv", layer, tile)
@@ -128,6 +128,11 @@ class Task:
     writes: tuple[Region, ...]
     load_wait: int = NO_BARRIER  # barrier the producer waits on before the loads that depend on this step
     sm: int = -1
+
+    @property
+    def waits_only_if_work(self) -> bool:
+        """The kernel skips this task's waits on a step where it has nothing to do (abi.WAITS_ONLY_IF_WORK)."""
+        return self.op in WAITS_ONLY_IF_WORK
 
     def describe(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in self.fields.items())

@@ -152,8 +152,14 @@ def _deadlock_report(schedule: Schedule, pcs: list[int], counts: list[int]) -> s
 
 
 class HappensBefore:
-    """Vector clocks over the schedule: ``clock[t][s]`` is how many of SM s's tasks happen before task t
-    (by program order and barriers; always a prefix of s's list). ``ordered(a, b)``: a happens before b."""
+    """Vector clocks over the schedule: ``clock[t][s]`` is how many of SM s's tasks happen before task t's
+    accesses (by program order and barriers; always a prefix of s's list). ``ordered(a, b)``: a happens
+    before b.
+
+    A task whose opcode waits only when it has work (``Task.waits_only_if_work``: the kernel skips the
+    input waits of a task with nothing to do, and such a task touches nothing) orders its own accesses
+    after its waits, but passes on to the tasks after it on its SM, and to the waiters on its signal, only
+    what it knew before its waits: on a step where it has no work it never waited."""
 
     def __init__(self, schedule: Schedule):
         n_sm = len(schedule.sm_tasks)
@@ -169,21 +175,28 @@ class HappensBefore:
             if t.signal != NO_BARRIER:
                 signallers[t.signal].append(t.index)
         self.clock = np.zeros((len(schedule.tasks), n_sm), dtype=np.int32)
+        passed = self.clock  # what a task passes on; a separate array only where it differs
+        if any(t.waits_only_if_work for t in schedule.tasks):
+            passed = np.zeros_like(self.clock)
         joins: dict[int, np.ndarray] = {}
         for i in run(schedule):  # a topological order (raises on deadlock)
             c = self.clock[i]
             p = prev[i]
             if p >= 0:
-                np.maximum(c, self.clock[p], out=c)
+                np.maximum(c, passed[p], out=c)
                 c[self.sm[p]] = max(c[self.sm[p]], self.pos[p] + 1)
+            if passed is not self.clock:
+                passed[i] = c
             for b in schedule.tasks[i].waits:
                 if b not in joins:
                     j = np.zeros(n_sm, dtype=np.int32)
                     for u in signallers[b]:
-                        np.maximum(j, self.clock[u], out=j)
+                        np.maximum(j, passed[u], out=j)
                         j[self.sm[u]] = max(j[self.sm[u]], self.pos[u] + 1)
                     joins[b] = j
                 np.maximum(c, joins[b], out=c)
+            if passed is not self.clock and not schedule.tasks[i].waits_only_if_work:
+                passed[i] = c
 
     def ordered(self, a: int, b: int) -> bool:
         return bool(self.clock[b, self.sm[a]] > self.pos[a])
