@@ -117,9 +117,12 @@ def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
         dense_up_cols=tile(dense_intermediate, h, 32 if big else 16, "dense_up_cols", pair=True)
         if dense_intermediate else 0,
         dense_down_rows=tile(h, dense_intermediate, 16, "dense_down_rows") if dense_intermediate else 0,
-        # expert tasks of 256 KB: each costs ~3 us outside streaming, so fewer and larger ones measured
-        # faster (PERF_LOG #8) than 128 KB up/gate and 96 KB down tasks
-        moe_up_cols=tile(moe_intermediate, h, 32, "moe_up_cols", pair=True),
+        # expert tasks of 256 KB at batch 1: each costs ~3 us outside streaming, so fewer and larger ones
+        # measured faster (PERF_LOG #8) than 128 KB up/gate and 96 KB down tasks. Batches of 2 to 16 rows
+        # route to more experts than there are SMs' worth of 256 KB tasks: up/gate tasks of 96 columns
+        # (768 KB; at 16 rows the partial buffer caps them at 48) measured 2-5% faster there (PERF_LOG #15);
+        # at batch 1 they lose (8 experts make only 64 such tasks for 132 SMs)
+        moe_up_cols=tile(moe_intermediate, h, 96 if 2 <= batch <= REGISTER_BATCH else 32, "moe_up_cols", pair=True),
         moe_down_rows=tile(h, moe_intermediate, 128, "moe_down_rows"),
     )
 
