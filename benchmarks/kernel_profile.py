@@ -11,7 +11,7 @@ of one traced launch, with the bytes each wave must move per layer (every weight
 the bandwidth that gives over the wave's span. This is the tool for deciding what v2 changes; end-to-end
 speed against stock vLLM comes from benchmarks.decode_sweep. --schedules compares schedules in one run:
 each is a comma-separated list of StepShape choices (attn_splits, attn_min_tiles, combine_heads, norm,
-order: a schedule.WAVE_ORDERS name) and
+order: a schedule.WAVE_ORDERS name, expert_claims: 0 or 1) and
 GEMM task sizes (layout.GemmTiles fields), or "default". With --out the report is also written there
 (report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
 schedule's traced launches).
@@ -28,7 +28,7 @@ from pathlib import Path
 ATTENTION_WAVES = ("attn_partial", "attn_combine")
 
 
-SHAPE_KEYS = ("attn_splits", "attn_min_tiles", "combine_heads", "norm", "order")
+SHAPE_KEYS = ("attn_splits", "attn_min_tiles", "combine_heads", "norm", "order", "expert_claims")
 
 
 def parse_schedule(text: str) -> dict:
@@ -44,7 +44,8 @@ def parse_schedule(text: str) -> dict:
         key, _, value = item.partition("=")
         key = key.strip()
         if key in SHAPE_KEYS:
-            shape[key] = value.strip() if key in ("norm", "order") else int(value)
+            shape[key] = value.strip() if key in ("norm", "order") else \
+                bool(int(value)) if key == "expert_claims" else int(value)
         elif key in tile_names:
             tiles.append((key, int(value)))
         else:

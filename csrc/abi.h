@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 4;
+constexpr int kAbiVersion = 5;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -76,10 +76,12 @@ constexpr int F_DENSE_DOWN_ROWS = 11;
 constexpr int F_MOE_UPGATE_SLOT = 10;
 constexpr int F_MOE_UPGATE_COL0 = 11;
 constexpr int F_MOE_UPGATE_COLS = 12;
+constexpr int F_MOE_UPGATE_CLAIM = 13;
 // MOE_DOWN
 constexpr int F_MOE_DOWN_SLOT = 10;
 constexpr int F_MOE_DOWN_ROW0 = 11;
 constexpr int F_MOE_DOWN_ROWS = 12;
+constexpr int F_MOE_DOWN_CLAIM = 13;
 // MOE_COMBINE
 constexpr int F_MOE_COMBINE_COL0 = 10;
 constexpr int F_MOE_COMBINE_COLS = 11;

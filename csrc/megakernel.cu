@@ -128,13 +128,30 @@ __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, c
   Producer p{st, StageProducer{pipe}, barriers, error, st.i(abi::S_TIMEOUT_NS)};
   int next = my_tasks[lane];  // descriptors are fetched one ahead: the load is in flight while we wait
   for (int i = 0; i < max_tasks; ++i) {
-    const int word = next;
+    int word = next;
     if (i + 1 < max_tasks) next = my_tasks[(long long)(i + 1) * abi::kTaskWords + lane];
     const int slot = i % kDescSlots;
     if (!pipe.wait(&pipe.desc_empty[slot], ((i / kDescSlots) & 1) ^ 1)) return;
+    const int op = __shfl_sync(0xffffffffu, word, 0);
+    const int counter = claim_counter(op, word);
+    if (counter != abi::kNoBarrier) {
+      // A claiming expert task: which task it becomes is decided here, before the consumers see the
+      // descriptor. The claim waits for the layer's routing first, which the task's load needs anyway (so
+      // an SM takes work only once it can stream it), and takes the next number of the wave.
+      pipe.desc[slot][lane] = word;  // for the error record of a stalled wait
+      __syncwarp();
+      int n = 0;
+      if (lane == 0) {
+        const Task t{pipe.desc[slot], layer_of(layer_table, pipe.desc[slot])};
+        n = p.load_wait(t) ? atomicAdd(&barriers[counter], 1) : -1;
+      }
+      n = __shfl_sync(0xffffffffu, n, 0);
+      if (n < 0) return;
+      word = claimed_word(op, word, n);
+      __syncwarp();
+    }
     pipe.desc[slot][lane] = word;
     ptx::mbarrier_arrive(&pipe.desc_full[slot]);  // release: the consumers see the word once the phase completes
-    const int op = __shfl_sync(0xffffffffu, word, 0);
     if (op == abi::OP_END) return;
     __syncwarp();  // lane 0 reads the other lanes' words below
     int ok = 1;

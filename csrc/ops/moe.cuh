@@ -6,11 +6,51 @@
 // read the same route words after that wait, so they agree on whether the slot has work at all. An expert
 // task whose slot is past num_active loads and computes nothing; it still signals its barrier (the host
 // derived the counts from the slot count, not from routing).
+//
+// Claimed expert tasks (abi.py, the `claim` field): the producer takes the task's number n in its wave
+// from the wave's counter and rewrites the descriptor into the wave's n-th task before the consumers see
+// it (claimed_word below); consumers and the loop then run it like any other.
 #pragma once
 
 #include "gemm.cuh"
 
 namespace vllm_megakernel {
+
+// Whether a descriptor (its words spread over the producer warp's lanes, `word` this lane's) is an expert
+// task that takes its tile from a claim counter; that counter's barrier word, else kNoBarrier.
+__device__ __forceinline__ int claim_counter(int op, int word) {
+  const int field = op == abi::OP_MOE_UPGATE ? abi::F_MOE_UPGATE_CLAIM
+                    : op == abi::OP_MOE_DOWN ? abi::F_MOE_DOWN_CLAIM
+                                             : -1;
+  const int counter = __shfl_sync(0xffffffffu, word, field < 0 ? 0 : field);
+  return field < 0 ? abi::kNoBarrier : counter;
+}
+
+// This lane's word of the wave's n-th task, from this lane's word of the claiming task (the whole producer
+// warp calls it). The host numbers a wave slot-major (n = slot * tiles + tile) with its per-slot barriers
+// in consecutive words, and schedule._check_claim_waves holds it to that; so the claiming task's own
+// (slot, tile, barrier, index) give the rest.
+__device__ __forceinline__ int claimed_word(int op, int word, int n) {
+  const bool up = op == abi::OP_MOE_UPGATE;
+  const int f_slot = up ? abi::F_MOE_UPGATE_SLOT : abi::F_MOE_DOWN_SLOT;
+  const int f_first = up ? abi::F_MOE_UPGATE_COL0 : abi::F_MOE_DOWN_ROW0;
+  const int f_width = up ? abi::F_MOE_UPGATE_COLS : abi::F_MOE_DOWN_ROWS;
+  const int f_slot_barrier = up ? abi::F_SIGNAL_BARRIER : abi::F_WAIT0_BARRIER;
+  const int slot0 = __shfl_sync(0xffffffffu, word, f_slot);
+  const int first0 = __shfl_sync(0xffffffffu, word, f_first);
+  const int width = __shfl_sync(0xffffffffu, word, f_width);
+  const int barrier0 = __shfl_sync(0xffffffffu, word, f_slot_barrier);
+  const int index0 = __shfl_sync(0xffffffffu, word, abi::F_TASK_INDEX);
+  const int tiles = (up ? abi::kMoeIntermediate : abi::kHidden) / width;
+  const int slot = n / tiles, tile = n % tiles;
+  const int lane = Role::lane();
+  if (lane == f_slot) return slot;
+  if (lane == f_first) return tile * width;
+  if (lane == f_slot_barrier) return barrier0 == abi::kNoBarrier ? barrier0 : barrier0 - slot0 + slot;
+  if (lane == abi::F_TASK_INDEX) return index0 - (slot0 * tiles + first0 / width) + n;
+  if (lane == (up ? abi::F_MOE_UPGATE_CLAIM : abi::F_MOE_DOWN_CLAIM)) return abi::kNoBarrier;  // claimed
+  return word;
+}
 
 struct MoeUpgateOp {
   static constexpr int K = abi::kHidden, RS = abi::kMoeUpStageRows, I = abi::kMoeIntermediate;

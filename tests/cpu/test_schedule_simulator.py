@@ -22,9 +22,9 @@ def dims():
     return ref.ModelDims.from_config(TINY_CONFIG)
 
 
-def tiny_schedule(dims, batch, num_sms=5, splits=2):
-    return build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=1),
-                          TINY_I, TINY_DENSE_I)
+def tiny_schedule(dims, batch, num_sms=5, splits=2, **shape):
+    return build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=1,
+                                          **shape), TINY_I, TINY_DENSE_I)
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8, 20])
@@ -173,11 +173,13 @@ def clone_inputs(inp):
     return dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
 
 
-@pytest.mark.parametrize("batch, splits, order", [(1, 1, "round_robin"), (4, 3, "random"), (5, 2, "reverse"),
-                                                  (19, 2, "random")])
-def test_step_through_schedule_matches_reference(dims, weights, batch, splits, order):
+@pytest.mark.parametrize("batch, splits, order, claims", [(1, 1, "round_robin", True), (4, 3, "random", True),
+                                                          (4, 3, "random", False), (5, 2, "reverse", True),
+                                                          (19, 2, "random", True)])
+def test_step_through_schedule_matches_reference(dims, weights, batch, splits, order, claims):
     """Ragged lengths (below, at and above the window), one padding row, KV written through the cache;
-    batch 19 runs the norm wave instead of the folded norm and the GEMMs' grouped form."""
+    batch 19 runs the norm wave instead of the folded norm and the GEMMs' grouped form. With claims the
+    expert tasks run wherever a random (or reversed) order of SMs claimed them."""
     gen = torch.Generator().manual_seed(batch * 10 + splits)
     window = dims.sliding_window
     lengths = [1, window, window + 1, 3 * window + 2] * 5
@@ -194,8 +196,8 @@ def test_step_through_schedule_matches_reference(dims, weights, batch, splits, o
     inp = sim.step(toks)
     ref_inp, mk_inp = clone_inputs(inp), clone_inputs(inp)
     expected = ref.decode_step(dims, weights, ref_inp)
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=7, attn_splits=splits, attn_min_tiles=1),
-                           *weights.intermediates())
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=7, attn_splits=splits, attn_min_tiles=1,
+                                           expert_claims=claims), *weights.intermediates())
     got = simulate.decode_step(sched, weights, mk_inp, order=order, seed=splits)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     for a, b in zip(ref_inp.kv_caches, mk_inp.kv_caches):
@@ -363,7 +365,7 @@ def test_later_tasks_do_not_lean_on_the_waits_an_empty_attention_split_skips(dim
     # The kernel skips the input waits of an attention split with nothing to do (abi.WAITS_ONLY_IF_WORK).
     # A task after it on its SM that reads q, ordered after the layer's qkv only through the split's wait,
     # is a race; it would not be if the split always waited.
-    s = tiny_schedule(dims, 1)
+    s = tiny_schedule(dims, 1, expert_claims=False)  # expert tasks where they were dealt
     for lst in s.sm_tasks:
         pairs = [(a, b) for a, b in zip(lst, lst[1:])
                  if s.tasks[a].op == Op.ATTN_PARTIAL and s.tasks[b].op == Op.MOE_UPGATE
@@ -379,3 +381,20 @@ def test_later_tasks_do_not_lean_on_the_waits_an_empty_attention_split_skips(dim
         simulate.check_races(s)
     monkeypatch.setattr("vllm_megakernel.megakernel.schedule.WAITS_ONLY_IF_WORK", frozenset())
     simulate.check_races(s)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("order,seed", [("round_robin", 0), ("reverse", 0), ("random", 1), ("random", 2)])
+def test_claimed_expert_tasks_each_run_once_in_their_waves_places_and_race_free(dims, batch, order, seed):
+    s = tiny_schedule(dims, batch)
+    claiming = [t for t in s.tasks if t.claim != NO_BARRIER]
+    assert {t.op for t in claiming} == {Op.MOE_UPGATE, Op.MOE_DOWN}
+    placed = []
+    done = simulate.run(s, order=order, seed=seed, placed=placed)
+    assert sorted(done) == list(range(len(s.tasks)))
+    for sm, (static, ran) in enumerate(zip(s.sm_tasks, placed)):
+        for i, j in zip(static, ran):  # a place runs its own task, or one of the same claimed wave
+            assert i == j or s.tasks[i].claim == s.tasks[j].claim != NO_BARRIER
+    assert placed != s.sm_tasks or order == "round_robin"  # other orders move claimed tasks between SMs
+    simulate.check_races(s, order=order, seed=seed)
+

@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -60,6 +60,15 @@ HEADER_FIELDS = (
 # Op-specific fields, in word order after the header. ``norm`` = 1: the task folds the layer's RMSNorm
 # into its activation load (reads the residual stream, not hn); ``write_x`` / ``write_hn`` = 1 on the one
 # task of the wave that also stores x_l / hn for the rest of the layer.
+#
+# ``claim`` (expert tasks): NO_BARRIER, or the barrier word that counts the claims of the task's wave. With
+# a counter, the task is a place in its SM's list, not a fixed tile: the producer takes the next number n
+# from the counter and runs the wave's n-th task instead (tile n % tiles of slot n / tiles, in the order
+# the host numbered them), rewriting the slot, the first column / row, the per-slot barrier (the up/gate
+# task's signal, the down task's first wait; a layer's per-slot barriers are consecutive words) and the
+# task index. The wave's tasks stay the same set, so every barrier target holds; only which SM runs which
+# changes: an SM that reaches its expert tasks early takes more of them, starting with the slots routed
+# to, and one that arrives late finds the empty slots' tasks left.
 OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.END: (),
     Op.NORM: ("row0", "rows", "final"),
@@ -71,8 +80,8 @@ OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.O_PROJ: ("row0", "rows"),
     Op.DENSE_UPGATE: ("col0", "cols", "norm"),
     Op.DENSE_DOWN: ("row0", "rows"),
-    Op.MOE_UPGATE: ("slot", "col0", "cols"),
-    Op.MOE_DOWN: ("slot", "row0", "rows"),
+    Op.MOE_UPGATE: ("slot", "col0", "cols", "claim"),
+    Op.MOE_DOWN: ("slot", "row0", "rows", "claim"),
     Op.MOE_COMBINE: ("col0", "cols"),
 }
 

@@ -83,7 +83,9 @@ class StepShape:
     defaulting to what layout.py picks for the batch: the attention split (0: attn_splits_for), heads per
     combine (0: combine_heads_for), the norm ("auto": folded into its readers up to the register batch,
     "wave": a norm wave, "fold": folded), GEMM task sizes (``tiles``: (GemmTiles field, value) pairs that
-    replace layout.gemm_tiles' choice) and the order of a layer's waves (a WAVE_ORDERS key)."""
+    replace layout.gemm_tiles' choice), the order of a layer's waves (a WAVE_ORDERS key) and whether the
+    expert tasks are claimed from a per-wave counter (abi's ``claim`` field) or run the tile they were
+    dealt."""
 
     batch: int
     num_sms: int
@@ -93,6 +95,7 @@ class StepShape:
     norm: str = "auto"
     tiles: tuple[tuple[str, int], ...] = ()
     order: str = "default"
+    expert_claims: bool = True
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -128,6 +131,11 @@ class Task:
     writes: tuple[Region, ...]
     load_wait: int = NO_BARRIER  # barrier the producer waits on before the loads that depend on this step
     sm: int = -1
+
+    @property
+    def claim(self) -> int:
+        """The counter this task takes its tile from (abi's ``claim`` field), or NO_BARRIER."""
+        return self.fields.get("claim", NO_BARRIER)
 
     @property
     def waits_only_if_work(self) -> bool:
@@ -306,10 +314,12 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                 return
             n, route = tiles.moe_up_cols, bar["route"]
             bar["up"] = [b.barrier(f"{L}.moe_up.s{s}") for s in range(slots)]
-            for s in range(slots):
+            claim = b.barrier(f"{L}.moe_up.claims") if shape.expert_claims else NO_BARRIER
+            for s in range(slots):  # slot-major: the order claims hand them out in
                 for t in range(moe_intermediate // n):
                     b.task(Op.MOE_UPGATE, layer, "mlp_up", waits=(route,), signal=bar["up"][s], load_wait=route,
-                           reads=(("hn",), ("route",)), writes=(("act", s, t),), slot=s, col0=t * n, cols=n)
+                           reads=(("hn",), ("route",)), writes=(("act", s, t),), slot=s, col0=t * n, cols=n,
+                           claim=claim)
 
         def down_wave():
             bar["mlp"] = b.barrier(f"{L}.mlp")
@@ -321,11 +331,12 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                 return
             n, route = tiles.moe_down_rows, bar["route"]
             bar["down"] = b.barrier(f"{L}.moe_down")
+            claim = b.barrier(f"{L}.moe_down.claims") if shape.expert_claims else NO_BARRIER
             for s in range(slots):
                 for t in range(H // n):
                     b.task(Op.MOE_DOWN, layer, "mlp_down", waits=(bar["up"][s],), signal=bar["down"],
                            load_wait=route, reads=(("route",), ("act", s)), writes=(("eout", s, t),), slot=s,
-                           row0=t * n, rows=n)
+                           row0=t * n, rows=n, claim=claim)
 
         def combine_wave():
             bar["comb"] = _attn_combine_wave(b, layer, B, hq, heads_per_combine, bar["attn"])
@@ -353,7 +364,26 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             waves[wave]()
         prev_o, prev_mlp = bar["o"], bar["mlp"]
     norm_wave(dims.num_layers, True, "final_norm", NO_BARRIER)
+    _check_claim_waves(b.tasks, moe_intermediate, H)
     return _placed(b, dims, shape, tiles)
+
+
+def _check_claim_waves(tasks: list[Task], moe_intermediate: int, hidden: int) -> None:
+    """What a claiming producer relies on (abi's ``claim``): the n-th task of a wave (by index) is tile
+    n % tiles of slot n / tiles, and the slot's barrier is the wave's first slot barrier plus the slot."""
+    first: dict[int, Task] = {}
+    for t in tasks:
+        if t.claim == NO_BARRIER:
+            continue
+        head = first.setdefault(t.claim, t)
+        width = t.fields["cols"] if t.op == Op.MOE_UPGATE else t.fields["rows"]
+        tile0 = t.fields["col0"] if t.op == Op.MOE_UPGATE else t.fields["row0"]
+        tiles = (moe_intermediate if t.op == Op.MOE_UPGATE else hidden) // width
+        per_slot = t.signal if t.op == Op.MOE_UPGATE else t.waits[0]
+        head_slot = head.signal if t.op == Op.MOE_UPGATE else head.waits[0]
+        n = t.index - head.index
+        if (t.op, t.fields["slot"], tile0 // width, per_slot) != (head.op, n // tiles, n % tiles, head_slot + n // tiles):
+            raise AssertionError(f"{t.describe()} is not the {n}-th tile of its claimed wave")
 
 
 def _heads_per_combine(dims: ModelDims, shape: StepShape) -> int:

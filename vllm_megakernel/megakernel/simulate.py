@@ -21,6 +21,7 @@ Three checks, none of which needs a GPU:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -57,16 +58,28 @@ class RaceError(ScheduleError):
 
 
 def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order: str = "round_robin",
-        seed: int = 0) -> list[int]:
+        seed: int = 0, placed: list[list[int]] | None = None) -> list[int]:
     """Executes the schedule; returns task indices in the order they ran.
 
     ``order``: ``"round_robin"`` advances SMs in turn; ``"random"`` picks a random runnable SM each time
     (a different legal interleaving per seed); ``"reverse"`` prefers the highest-numbered runnable SM.
+
+    A claiming expert task (``Task.claim``) is a place in its SM's list: when the place comes up, it takes
+    the next task of its wave from the wave's counter, as the kernel's producer does, and that task runs
+    there (its waits, its signal). The kernel's producer claims up to a few tasks ahead of its consumers;
+    claiming at the head is one of the orders that allows. ``placed``, when given, receives each SM's list
+    as it ran, claimed tasks in their places.
     """
     _check_producer_waits(schedule)
+    claimable: dict[int, list[int]] = defaultdict(list)  # counter -> its wave's tasks, in claim order
+    for t in schedule.tasks:
+        if t.claim != NO_BARRIER:
+            claimable[t.claim].append(t.index)
+    claimed = dict.fromkeys(claimable, 0)
+    resolved: set[tuple[int, int]] = set()  # (sm, position) of places already claimed
     counts = [0] * len(schedule.barriers)
     targets = [b.target for b in schedule.barriers]
-    lists = schedule.sm_tasks
+    lists = [list(lst) for lst in schedule.sm_tasks]
     pcs = [0] * len(lists)
     rng = random.Random(seed)
     done: list[int] = []
@@ -80,6 +93,11 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
         if pcs[sm] >= len(lists[sm]):
             return
         task = schedule.tasks[lists[sm][pcs[sm]]]
+        if task.claim != NO_BARRIER and (sm, pcs[sm]) not in resolved:
+            task = schedule.tasks[claimable[task.claim][claimed[task.claim]]]
+            claimed[task.claim] += 1
+            lists[sm][pcs[sm]] = task.index
+            resolved.add((sm, pcs[sm]))
         for b in task.waits:
             if counts[b] < targets[b]:
                 waiting[b].append(sm)
@@ -122,7 +140,25 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
              if counts[b] != bar.target]
     if wrong:
         raise BarrierCountError("barriers off target after the step (name, seen, target): " + repr(wrong[:10]))
+    if placed is not None:
+        placed[:] = lists
     return done
+
+
+def claims_resolved(schedule: Schedule, order: str = "round_robin", seed: int = 0) -> Schedule:
+    """The schedule as one run of it placed its claiming tasks: each task on the SM and at the place where
+    it ran, none claiming. The barrier-graph checks (``check_races``) run on this; every order of claims
+    is a different such schedule."""
+    if all(t.claim == NO_BARRIER for t in schedule.tasks):
+        return schedule
+    placed: list[list[int]] = []
+    run(schedule, order=order, seed=seed, placed=placed)
+    tasks = [dataclasses.replace(t, fields={**t.fields, "claim": NO_BARRIER}) if t.claim != NO_BARRIER else t
+             for t in schedule.tasks]
+    for sm, lst in enumerate(placed):
+        for i in lst:
+            tasks[i].sm = sm
+    return Schedule(schedule.dims, schedule.shape, schedule.tiles, tasks, schedule.barriers, placed)
 
 
 def _check_producer_waits(schedule: Schedule) -> None:
@@ -202,12 +238,14 @@ class HappensBefore:
         return bool(self.clock[b, self.sm[a]] > self.pos[a])
 
 
-def check_races(schedule: Schedule) -> None:
+def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0) -> None:
     """Raises :class:`RaceError` naming two unordered tasks that touch one region, one of them writing.
 
     Per region, the accesses in a topological order must look like W R.. W R.. with every writer ordered
     after the previous writer and every reader between two writers ordered after the first and before the
-    second; by transitivity that orders every conflicting pair."""
+    second; by transitivity that orders every conflicting pair. Claiming tasks are checked where one run
+    (``order``, ``seed``) placed them (:func:`claims_resolved`)."""
+    schedule = claims_resolved(schedule, order, seed)
     hb = HappensBefore(schedule)
     topo = {t: k for k, t in enumerate(run(schedule))}
     writes: dict[tuple, list[int]] = defaultdict(list)
@@ -292,7 +330,8 @@ class Numerics:
             route[base:base + len(rows)] = torch.tensor(rows, dtype=route.dtype)
 
     def __call__(self, task: Task) -> None:
-        getattr(self, task.op.name.lower())(task.layer, **task.fields)
+        fields = {k: v for k, v in task.fields.items() if k != "claim"}  # where the task came from, not what it does
+        getattr(self, task.op.name.lower())(task.layer, **fields)
 
     # -- the residual stream and its norm
     def _residual(self, layer: int) -> torch.Tensor:
