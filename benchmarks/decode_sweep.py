@@ -9,9 +9,14 @@ request is prefilled, unless --cache-prompts: then the warm-up leaves each case'
 cache and the timed runs recompute only their last block, which takes the prefill (B x context tokens,
 minutes at 32K-128K contexts) out of every timed run without changing the decode work both terms
 contain; a batch's prompts are the smaller batches' plus new ones, so a warm-up prefills only the new ones
-while they stay cached. Per case, with random prompt ids, ignore_eos and greedy sampling:
-    per-request decode tok/s = N / (t(N + 1 new tokens) - t(1 new token)),
-repeated (median and spread reported) after one warm-up. The stock side also measures how many distinct
+while they stay cached. Per case, with random prompt ids, ignore_eos and greedy sampling, one run of N + 1
+new tokens per repeat, its engine steps timed one by one (decode_interval):
+    per-request decode tok/s = N / (time from the step that gave every request its first token to the
+                                    step that finished the last),
+so the prefill, cached or not, is outside the interval; repeated (median and spread reported) after one
+warm-up. (Until 2026-12-01 the rate was N / (t(N + 1 tokens) - t(1 token)) over two separate runs, which a
+1-token run with a slow prefill inflated past the speed of light: see
+benchmarks/results/h200-2026-12-01-v2-claims-vs-stock-8k.) The stock side also measures how many distinct
 experts a step at each batch size runs (benchmarks.routing_probe, on the engine's own weights), which the
 speed of light uses. The orchestrator also measures HBM bandwidth
 and writes results.json, table.md and PNG plots (benchmarks.report). A progress line is printed per case.
@@ -23,6 +28,7 @@ could not run the megakernel, the table says so plainly instead of showing a spe
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -53,6 +59,30 @@ def check_contexts(contexts: list[int], new_tokens: int, config: dict) -> None:
     if too_long:
         raise ValueError(f"contexts {too_long} plus {new_tokens} new tokens exceed the model's {limit} positions; "
                          f"the longest context that fits is {longest}")
+
+
+def decode_interval(engine, prompts, params, clock=time.perf_counter) -> tuple[float, float]:
+    """Runs ``prompts`` to completion on a vLLM ``LLMEngine``, stepping it here; returns (seconds until every
+    request had its first token, seconds from then until the last request finished). With ``max_tokens``
+    N + 1 the second interval holds exactly N decode steps of the whole batch and none of the prefill."""
+    start = clock()
+    for p in prompts:
+        engine.add_request(f"sweep-{next(_REQUEST_IDS)}", p, params)
+    started: set[str] = set()
+    first = None
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = clock()
+        started.update(o.request_id for o in outputs if o.outputs and o.outputs[0].token_ids)
+        if first is None and len(started) == len(prompts):
+            first = now
+    end = clock()
+    if first is None:
+        raise RuntimeError(f"only {len(started)} of {len(prompts)} requests produced a token")
+    return first - start, end - first
+
+
+_REQUEST_IDS = itertools.count()
 
 
 def prompt_ids(seed: int, context: int, index: int) -> list[int]:
@@ -105,19 +135,14 @@ def worker(args) -> None:
         else:
             prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, ctx, i)) for i in range(b)]
 
-            def timed(n):
-                params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-                t = time.perf_counter()
-                llm.generate(prompts, params, use_tqdm=False)
-                return time.perf_counter() - t
-
-            timed(1), timed(args.new_tokens + 1)  # warm-up at this shape
+            params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens + 1, ignore_eos=True)
+            decode_interval(llm.llm_engine, prompts, params)  # warm-up at this shape
             rates, timings = [], []
             for _ in range(args.repeats):
-                t1, tn = timed(1), timed(args.new_tokens + 1)
-                rates.append(args.new_tokens / (tn - t1))
-                timings.append([t1, tn])
-            # the raw pairs too: a repeat whose rate stands out shows which of its two runs was off
+                to_first, decode = decode_interval(llm.llm_engine, prompts, params)
+                rates.append(args.new_tokens / decode)
+                timings.append([to_first, decode])
+            # (seconds to every request's first token, seconds of the N decode steps) per repeat
             out.update(status="ok", per_request_tok_s=rates, timings_s=timings)
         results.append(out)
         write_json_atomic(args.out, results)  # after every case: a run cut short keeps what it measured

@@ -755,3 +755,55 @@ def test_summarizing_accuracy_leaves_the_folder_as_it_is(tmp_path, capsys):
     accuracy.main(["--model", "m", "--out", str(tmp_path), "--sides", ""])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.json"]
     assert json.loads(capsys.readouterr().out) == {"lm_eval": {}, "greedy": None}
+
+
+class _FakeEngine:
+    """Steps like vLLM's LLMEngine on a fake clock: prefill steps (``prefill_s`` each) that give the next
+    ``per_prefill`` requests their first token, then decode steps of ``step_s`` that add one token to every
+    request until it has ``max_tokens``."""
+
+    def __init__(self, clock, prefill_s, step_s, per_prefill):
+        self.clock, self.prefill_s, self.step_s, self.per_prefill = clock, prefill_s, step_s, per_prefill
+        self.requests: dict[str, int] = {}  # id -> tokens so far
+        self.max_tokens = 0
+
+    def add_request(self, request_id, prompt, params):
+        self.requests[request_id] = 0
+        self.max_tokens = params.max_tokens
+
+    def has_unfinished_requests(self):
+        return any(n < self.max_tokens for n in self.requests.values())
+
+    def step(self):
+        import types
+
+        waiting = [r for r, n in self.requests.items() if n == 0]
+        if waiting:
+            self.clock.now += self.prefill_s
+            batch = waiting[: self.per_prefill]
+        else:
+            self.clock.now += self.step_s
+            batch = [r for r, n in self.requests.items() if n < self.max_tokens]
+        for r in batch:
+            self.requests[r] += 1
+        return [types.SimpleNamespace(request_id=r, outputs=[types.SimpleNamespace(token_ids=[0] * self.requests[r])])
+                for r in batch]
+
+
+@pytest.mark.parametrize("per_prefill", [4, 2, 1])
+def test_decode_interval_holds_the_decode_steps_and_none_of_the_prefill(per_prefill):
+    """The sweep's rate: N decode steps after every request has its first token, whatever the prefill
+    took (one slow, uncached prefill made the old two-run difference report more than the speed of light)."""
+    import types
+
+    from benchmarks.decode_sweep import decode_interval
+
+    clock = types.SimpleNamespace(now=100.0)
+    engine = _FakeEngine(clock, prefill_s=3.0, step_s=0.01, per_prefill=per_prefill)
+    params = types.SimpleNamespace(max_tokens=257)
+    to_first, decode = decode_interval(engine, ["p"] * 4, params, clock=lambda: clock.now)
+    prefill_steps = -(-4 // per_prefill)
+    # requests that got their first token early decode while the rest prefill; the interval starts when
+    # the last one has its first token and holds that one's 256 decode steps
+    assert to_first == pytest.approx(3.0 * prefill_steps)
+    assert decode == pytest.approx(256 * 0.01)
