@@ -61,10 +61,11 @@ def check_contexts(contexts: list[int], new_tokens: int, config: dict) -> None:
                          f"the longest context that fits is {longest}")
 
 
-def decode_interval(engine, prompts, params, clock=time.perf_counter) -> tuple[float, float]:
+def decode_interval(engine, prompts, params, clock=None) -> tuple[float, float]:
     """Runs ``prompts`` to completion on a vLLM ``LLMEngine``, stepping it here; returns (seconds until every
     request had its first token, seconds from then until the last request finished). With ``max_tokens``
     N + 1 the second interval holds exactly N decode steps of the whole batch and none of the prefill."""
+    clock = clock or time.perf_counter
     start = clock()
     for p in prompts:
         engine.add_request(f"sweep-{next(_REQUEST_IDS)}", p, params)

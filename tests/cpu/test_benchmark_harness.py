@@ -367,21 +367,24 @@ def test_the_sweep_worker_skips_a_batch_its_engines_kv_cache_cannot_run_at_once(
 
     from benchmarks import decode_sweep
 
-    generated = []
+    clock = types.SimpleNamespace(now=0.0)
+    added = []
+
+    class Engine(_FakeEngine):  # 100 tokens/s per request once decoding
+        def add_request(self, request_id, prompt, params):
+            added.append(request_id)
+            super().add_request(request_id, prompt, params)
 
     class FakeLLM:
         def __init__(self, **kw):
-            self.llm_engine = types.SimpleNamespace(vllm_config=types.SimpleNamespace(
+            self.llm_engine = Engine(clock, prefill_s=2.0, step_s=0.01, per_prefill=1000)
+            self.llm_engine.vllm_config = types.SimpleNamespace(
                 cache_config=types.SimpleNamespace(num_gpu_blocks=168162, block_size=16),
                 scheduler_config=types.SimpleNamespace(max_num_batched_tokens=16384,
-                                                       disable_hybrid_kv_cache_manager=False)))
+                                                       disable_hybrid_kv_cache_manager=False))
 
         def apply_model(self, fn):
             return [{"use_megakernel": False, "decision": "stock"}]
-
-        def generate(self, prompts, params, use_tqdm=False):
-            generated.append(len(prompts))
-            clock[0] += 0.01 * params.max_tokens  # 100 tokens/s per request
 
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
     out = tmp_path / "stock.json"
@@ -390,14 +393,13 @@ def test_the_sweep_worker_skips_a_batch_its_engines_kv_cache_cannot_run_at_once(
                               probe_routing=False,
                               cases=json.dumps([{"batch": 58, "context": 32768}, {"batch": 59, "context": 32768}]))
     monkeypatch.setattr(decode_sweep, "prompt_ids", lambda seed, ctx, i: [1])
-    clock = [0.0]
-    monkeypatch.setattr(decode_sweep.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(decode_sweep.time, "perf_counter", lambda: clock.now)
     decode_sweep.worker(args)
     fit, unfit = json.loads(out.read_text())
     assert fit["status"] == "ok" and fit["kv_blocks_needed"] <= 168161 and fit["max_num_batched_tokens"] == 16384
     assert fit["per_request_tok_s"] == [pytest.approx(100.0)]
     assert unfit["status"] == "skipped" and "does not fit the KV cache" in unfit["reason"]
-    assert generated == [58] * 4  # warm-up pair and one timed pair, all for the batch that fits
+    assert len(added) == 58 * 2  # a warm-up run and one timed run, both of the batch that fits
 
 
 def test_a_context_past_the_models_positions_is_refused_up_front_naming_the_longest_that_fits(config, capsys):
