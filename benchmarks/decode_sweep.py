@@ -160,18 +160,18 @@ def _raise_stopped(signum, frame):
     raise Stopped(signal.Signals(signum).name)
 
 
-UNIFORM_ROUTING = "uniform_random"  # vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY value
-
-
 def worker_command(args, side: str, cases: list[dict], part: Path) -> tuple[list[str], dict]:
     """The command line and environment of one side's worker process. Uniform routing is vLLM's routing
-    simulator, so it can only apply to the stock side; there the weights' own routing is not what runs, so
-    the routing probe is skipped and the speed of light uses the uniform formula."""
+    simulator (VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random), which the megakernel follows too (its
+    step table's uniform_routing), so it applies to both sides; the weights' own routing is then not what
+    runs, so the routing probe is skipped and the speed of light uses the uniform formula."""
+    from vllm_megakernel.options import UNIFORM_ROUTING
+
     env = dict(os.environ)
     # --uniform-routing is the one way to simulate routing, so the recorded env always says what ran
     env.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
     probe = args.probe_routing
-    if args.uniform_routing and side == "stock":
+    if args.uniform_routing:
         env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = UNIFORM_ROUTING
         probe = False
     cmd = [sys.executable, "-m", "benchmarks.decode_sweep", "--worker", side, "--cases", json.dumps(cases),
@@ -205,7 +205,7 @@ def environment(args) -> dict:
             "repeats": args.repeats, "load_format": args.load_format, "model": str(args.model),
             "graph_mode": "vLLM default (FULL_AND_PIECEWISE, torch.compile)", "attention": "vLLM default (FA3)",
             "moe": "vLLM default (Triton on Hopper)",
-            "routing_simulation": UNIFORM_ROUTING + " (stock side only)" if args.uniform_routing else "off",
+            "routing_simulation": "uniform_random (both sides)" if args.uniform_routing else "off",
             "prefix_caching": args.cache_prompts}
 
 
@@ -222,8 +222,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest"))
     ap.add_argument("--uniform-routing", action="store_true",
-                    help="stock side routes uniformly at random (VLLM_MOE_ROUTING_SIMULATION_STRATEGY), "
-                         "the write-up's random-weights setting")
+                    help="both sides route uniformly at random (VLLM_MOE_ROUTING_SIMULATION_STRATEGY="
+                         "uniform_random, which the megakernel follows too), the write-up's random-weights setting")
     ap.add_argument("--no-probe-routing", dest="probe_routing", action="store_false",
                     help="skip measuring distinct experts per step (SOL then assumes uniform routing)")
     ap.add_argument("--cache-prompts", action="store_true",

@@ -73,9 +73,15 @@ def markdown(result: dict) -> str:
                      "its numbers are a second stock measurement, not a speedup.\n")
     env = result.get("env", {})
     if env.get("routing_simulation", "off") != "off":
-        lines.append(f"**Routing simulated** ({env['routing_simulation']}): the stock side's MoE layers route by "
-                     "vLLM's routing simulator, not by the weights' router; the megakernel always routes by the "
-                     "weights, so compare the two sides only where the routing matches.\n")
+        if "both sides" in env["routing_simulation"]:
+            lines.append(f"**Routing simulated** ({env['routing_simulation']}): the MoE layers route by vLLM's "
+                         "routing simulator (uniform, weight 1), not by the weights' router; the megakernel draws "
+                         "its experts the same way (from a hash instead of torch.randint), so both sides move the "
+                         "same expert bytes per step on average.\n")
+        else:  # runs before the megakernel simulated it
+            lines.append(f"**Routing simulated** ({env['routing_simulation']}): the stock side's MoE layers route "
+                         "by vLLM's routing simulator, not by the weights' router; the megakernel always routes by "
+                         "the weights, so compare the two sides only where the routing matches.\n")
     cached = (" Prompts were prefix-cached by the warm-up, so timed runs recompute only each prompt's last "
               "block." if env.get("prefix_caching") else "")
     bws = result.get("run_bandwidths") or [result["bandwidth_bytes_per_s"]]

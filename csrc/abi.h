@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 5;
+constexpr int kAbiVersion = 6;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -97,32 +97,33 @@ constexpr int S_NORM_TOPK_PROB = 6;
 constexpr int S_EPS_F64 = 7;
 constexpr int S_ROPE_THETA_F64 = 8;
 constexpr int S_TIMEOUT_NS = 9;
-constexpr int S_ROUTE_EXPERT_OFF = 10;
-constexpr int S_ROUTE_COUNT_OFF = 11;
-constexpr int S_ROUTE_ROWS_OFF = 12;
-constexpr int S_EMBED = 13;
-constexpr int S_FINAL_NORM = 14;
-constexpr int S_INPUT_IDS = 15;
-constexpr int S_POSITIONS = 16;
-constexpr int S_SEQ_LENS = 17;
-constexpr int S_X = 18;
-constexpr int S_HN = 19;
-constexpr int S_Q = 20;
-constexpr int S_OPART = 21;
-constexpr int S_LSE = 22;
-constexpr int S_ATTN = 23;
-constexpr int S_O = 24;
-constexpr int S_MLP = 25;
-constexpr int S_OUT = 26;
-constexpr int S_SCORES = 27;
-constexpr int S_TOPK_W = 28;
-constexpr int S_ROUTE = 29;
-constexpr int S_DACT = 30;
-constexpr int S_ACT = 31;
-constexpr int S_EOUT = 32;
-constexpr int S_ROUTE_LOG = 33;
-constexpr int S_TRACE = 34;
-constexpr int kStepWords = 35;
+constexpr int S_UNIFORM_ROUTING = 10;
+constexpr int S_ROUTE_EXPERT_OFF = 11;
+constexpr int S_ROUTE_COUNT_OFF = 12;
+constexpr int S_ROUTE_ROWS_OFF = 13;
+constexpr int S_EMBED = 14;
+constexpr int S_FINAL_NORM = 15;
+constexpr int S_INPUT_IDS = 16;
+constexpr int S_POSITIONS = 17;
+constexpr int S_SEQ_LENS = 18;
+constexpr int S_X = 19;
+constexpr int S_HN = 20;
+constexpr int S_Q = 21;
+constexpr int S_OPART = 22;
+constexpr int S_LSE = 23;
+constexpr int S_ATTN = 24;
+constexpr int S_O = 25;
+constexpr int S_MLP = 26;
+constexpr int S_OUT = 27;
+constexpr int S_SCORES = 28;
+constexpr int S_TOPK_W = 29;
+constexpr int S_ROUTE = 30;
+constexpr int S_DACT = 31;
+constexpr int S_ACT = 32;
+constexpr int S_EOUT = 33;
+constexpr int S_ROUTE_LOG = 34;
+constexpr int S_TRACE = 35;
+constexpr int kStepWords = 36;
 
 // Layer table words (int64).
 constexpr int L_DENSE = 0;

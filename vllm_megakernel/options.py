@@ -144,17 +144,24 @@ class Decision:
         return "vllm_megakernel: decode runs on stock vLLM: " + "; ".join(self.reasons)
 
 
+# vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY value the megakernel simulates too (the step table's
+# uniform_routing); any other simulated routing runs on stock vLLM.
+UNIFORM_ROUTING = "uniform_random"
+
+
 def unsupported_setup_reasons(
     vllm_config: Any,
     attention_backends: Iterable[str] = (),
     moe_backends: Iterable[str] = (),
     device_capability: tuple[int, int] | None = None,
+    routing_simulation: str = "",
 ) -> list[str]:
     """Every reason the megakernel cannot serve this setup (empty when it can).
 
     ``attention_backends`` are the backend names of the model's ``Attention`` layers, ``moe_backends`` the
     expert-kernel backends of its MoE layers, ``device_capability`` the GPU's (major, minor); all three are
-    known only once the model is built on a device, so the caller passes them in.
+    known only once the model is built on a device, so the caller passes them in. ``routing_simulation``
+    is vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY.
     """
     reasons: list[str] = []
     par = vllm_config.parallel_config
@@ -187,6 +194,9 @@ def unsupported_setup_reasons(
             f"MoE backend {', '.join(others)} re-lays the expert weights (only TRITON is supported; "
             "pass --moe-backend triton)"
         )
+    if routing_simulation not in ("", UNIFORM_ROUTING):
+        reasons.append(f"VLLM_MOE_ROUTING_SIMULATION_STRATEGY={routing_simulation} (the megakernel simulates "
+                       f"only {UNIFORM_ROUTING})")
     if device_capability is not None and tuple(device_capability) != (9, 0):
         major, minor = device_capability
         reasons.append(f"GPU compute capability {major}.{minor} (the megakernel is built for sm_90a)")

@@ -359,15 +359,40 @@ def is_near_tie(scores: torch.Tensor, chosen: torch.Tensor, top_k: int, tol: flo
     return bool(scores[chosen.long().cpu()].min() >= kth - tol)
 
 
+def _fmix32(h: int) -> int:
+    """MurmurHash3's 32-bit finalizer (csrc/ops/router.cuh has the same)."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def uniform_experts(layer: int, positions: torch.Tensor, top_k: int, num_experts: int) -> torch.Tensor:
+    """Experts [B, K] drawn uniformly at random, with repeats, as vLLM's ``uniform_random`` routing
+    simulation draws them (torch.randint per step); here a hash of (layer, the row's position, k), so that
+    the kernel, the simulator and this reference draw the same ones and every step draws new ones."""
+    out = torch.empty(positions.shape[0], top_k, dtype=torch.long)
+    for b, pos in enumerate(positions.tolist()):
+        for k in range(top_k):
+            x = ((layer * 0x9E3779B1) ^ ((pos & 0xFFFFFFFF) * 0x85EBCA77) ^ (k * 0xC2B2AE3D)) & 0xFFFFFFFF
+            out[b, k] = _fmix32(x) % num_experts
+    return out.to(positions.device)
+
+
 def moe(h: torch.Tensor, lw: LayerWeights, dims: ModelDims, forced: torch.Tensor | None = None,
-        record: list | None = None) -> torch.Tensor:
+        record: list | None = None, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """The routed experts. ``forced`` [B, K] replaces the top-k choice (weights are still this layer's
-    sigmoid scores of those experts), so another implementation's routing can be replayed; ``record``
-    receives this layer's scores [B, E] and choice."""
+    sigmoid scores of those experts), so another implementation's routing can be replayed; ``uniform``
+    [B, K] replaces it with weight 1 each (simulated uniform routing); ``record`` receives this layer's
+    scores [B, E] and choice."""
     weights, experts, scores = route(h, lw.router, dims)
     if record is not None:
         record.append((scores, experts))
-    if forced is not None:
+    if uniform is not None:
+        experts = uniform.long()
+        weights = torch.ones(experts.shape, dtype=torch.float32, device=h.device)
+    elif forced is not None:
         experts = forced.long()
         weights = scores.gather(1, experts)
         if dims.norm_topk_prob:
@@ -390,11 +415,13 @@ def dense_mlp(h: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
 
 @torch.no_grad()
 def decode_step(dims: ModelDims, weights: Weights, inp: DecodeInputs,
-                forced_experts: torch.Tensor | None = None, routing: dict | None = None) -> torch.Tensor:
+                forced_experts: torch.Tensor | None = None, routing: dict | None = None,
+                uniform_routing: bool = False) -> torch.Tensor:
     """Final hidden states [B, H] for one decode step; writes each live row's new K/V into the caches.
 
     ``forced_experts`` [num_layers, B, K] replays another implementation's expert choice on MoE layers
-    (see :func:`moe`); ``routing``, a dict, receives {layer: (scores [B, E], own choice [B, K])}.
+    (see :func:`moe`); ``routing``, a dict, receives {layer: (scores [B, E], own choice [B, K])};
+    ``uniform_routing`` draws the experts with :func:`uniform_experts` instead.
     """
     live = inp.seq_lens > 0
     x = weights.embed[inp.input_ids.long()]
@@ -421,7 +448,8 @@ def decode_step(dims: ModelDims, weights: Weights, inp: DecodeInputs,
             mlp_out = dense_mlp(h, lw)
         else:
             rec = [] if routing is not None else None
-            mlp_out = moe(h, lw, dims, None if forced_experts is None else forced_experts[i], rec)
+            uniform = uniform_experts(i, inp.positions, dims.top_k, dims.num_experts) if uniform_routing else None
+            mlp_out = moe(h, lw, dims, None if forced_experts is None else forced_experts[i], rec, uniform)
             if rec:
                 routing[i] = rec[0]
         x = x + attn_out + mlp_out

@@ -7,7 +7,9 @@
 // only when the config says so; North Mini Code: no), and the layer's expert work list: each chosen expert
 // gets a slot in ascending expert order, with its (token * K + k) rows in ascending order; slots past
 // num_active stay empty and the expert tasks of those slots return at once. Padding rows (seq_len 0) are
-// not routed.
+// not routed. With the step's uniform_routing set, the k-th expert of a row is a hash of (layer, the row's
+// position, k) modulo the expert count, with weight 1 (reference.uniform_experts; vLLM's uniform_random
+// routing simulation draws torch.randint the same way: uniform, repeats allowed).
 #pragma once
 
 #include <math_constants.h>
@@ -42,6 +44,21 @@ struct RouterOp {
   }
 };
 
+// MurmurHash3's 32-bit finalizer (reference._fmix32).
+__device__ __forceinline__ uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+
+// reference.uniform_experts: the k-th simulated expert of a row at `position` on `layer`.
+__device__ __forceinline__ int uniform_expert(int layer, long long position, int k) {
+  const uint32_t x = (uint32_t)layer * 0x9E3779B1u ^ (uint32_t)position * 0x85EBCA77u ^ (uint32_t)k * 0xC2B2AE3Du;
+  return (int)(fmix32(x) % (uint32_t)abi::kNumExperts);
+}
+
 struct RouterTopkOp {
   static constexpr int E = abi::kNumExperts, K = abi::kTopK, kPerLane = E / 32;
   static_assert(E % 32 == 0, "experts are dealt to lanes");
@@ -60,7 +77,16 @@ struct RouterTopkOp {
     int* route_log = c.st.ptr<int>(abi::S_ROUTE_LOG);
     const bool renorm = c.st.i(abi::S_NORM_TOPK_PROB) != 0;
     for (int e = c.thread; e < E; e += kConsumerThreads) sh.count[e] = 0;
-    for (int r = c.warp; r < B; r += kConsumerWarps) {
+    const bool uniform = c.st.i(abi::S_UNIFORM_ROUTING) != 0;
+    for (int r = c.warp; r < B && uniform; r += kConsumerWarps) {
+      if (c.lane < K) {
+        const int e = uniform_expert(layer, c.st.ptr<const long long>(abi::S_POSITIONS)[r], c.lane);
+        sh.chosen[r * K + c.lane] = c.st.seq_len(r) > 0 ? e : -1;
+        if (route_log) route_log[((long long)layer * B + r) * K + c.lane] = e;
+        topk_w[r * K + c.lane] = 1.f;
+      }
+    }
+    for (int r = c.warp; r < B && !uniform; r += kConsumerWarps) {
       const bool live = c.st.seq_len(r) > 0;  // padding rows are not routed (their weights are unused)
       float s[kPerLane];
 #pragma unroll

@@ -157,8 +157,7 @@ def test_a_stock_only_baseline_says_so_and_plots_no_speedup(config, tmp_path):
     assert [p.name for p in report.plots(result, tmp_path)] == ["toks_vs_batch.png", "pct_sol.png"]
 
 
-def test_uniform_routing_simulates_only_the_stock_side_and_its_sol_uses_the_uniform_formula(config, tmp_path,
-                                                                                             monkeypatch):
+def test_uniform_routing_simulates_both_sides_and_its_sol_uses_the_uniform_formula(config, tmp_path, monkeypatch):
     from benchmarks import decode_sweep
 
     # an exported simulation variable never leaks into a worker: the flag alone decides, so env says what ran
@@ -168,17 +167,18 @@ def test_uniform_routing_simulates_only_the_stock_side_and_its_sol_uses_the_unif
                               new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, cache_prompts=False)
     stock_cmd, stock_env = decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")
     mk_cmd, mk_env = decode_sweep.worker_command(args, "megakernel", [], tmp_path / "m.json")
-    assert stock_env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] == "uniform_random"
-    assert "--no-probe-routing" in stock_cmd  # the weights' routing is not what the stock side runs
-    assert "VLLM_MOE_ROUTING_SIMULATION_STRATEGY" not in mk_env and "--no-probe-routing" not in mk_cmd
+    for cmd, env in ((stock_cmd, stock_env), (mk_cmd, mk_env)):  # the megakernel simulates it too
+        assert env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] == "uniform_random"
+        assert "--no-probe-routing" in cmd  # the weights' routing is not what either side runs
     args.uniform_routing = False
     plain_cmd, plain_env = decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")
     assert "--no-probe-routing" not in plain_cmd and "VLLM_MOE_ROUTING_SIMULATION_STRATEGY" not in plain_env
 
     result = recorded(config)
-    result["env"]["routing_simulation"] = "uniform_random (stock side only)"
+    result["env"]["routing_simulation"] = "uniform_random (both sides)"
     table = report.markdown(result)
-    assert table.startswith("**Routing simulated** (uniform_random (stock side only))")
+    assert table.startswith("**Routing simulated** (uniform_random (both sides))")
+    assert "the megakernel draws its experts the same way" in table
     uniform8 = expected_distinct_experts(config["num_experts"], config["num_experts_per_tok"], 8)
     assert f"| 8 | 8K | 1600 (1568-1616) | 2400 (2352-2424) | 1.50x | {uniform8:.1f} (uniform) |" in table
     assert "Routing simulated" not in report.markdown(recorded(config))

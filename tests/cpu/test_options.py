@@ -74,6 +74,8 @@ GOOD = dict(attention_backends=["FLASH_ATTN"] * 3, moe_backends=["TRITON"] * 2, 
 
 def test_supported_setup_has_no_reasons():
     assert unsupported_setup_reasons(supported_config(), **GOOD) == []
+    # the megakernel simulates vLLM's uniform routing itself (the step table's uniform_routing)
+    assert unsupported_setup_reasons(supported_config(), **GOOD, routing_simulation="uniform_random") == []
 
 
 @pytest.mark.parametrize("override, backends, reason", [
@@ -90,6 +92,7 @@ def test_supported_setup_has_no_reasons():
     ({}, {"attention_backends": ["FLASH_ATTN", "FLASHINFER"]}, "attention backend FLASHINFER"),
     ({}, {"moe_backends": ["FLASHINFER_CUTLASS"]}, "MoE backend FLASHINFER_CUTLASS"),
     ({}, {"device_capability": (10, 0)}, "compute capability 10.0"),
+    ({}, {"routing_simulation": "normal_random"}, "VLLM_MOE_ROUTING_SIMULATION_STRATEGY=normal_random"),
 ])
 def test_each_unsupported_setup_is_named(override, backends, reason):
     reasons = unsupported_setup_reasons(supported_config(**override), **{**GOOD, **backends})

@@ -398,3 +398,39 @@ def test_claimed_expert_tasks_each_run_once_in_their_waves_places_and_race_free(
     assert placed != s.sm_tasks or order == "round_robin"  # other orders move claimed tasks between SMs
     simulate.check_races(s, order=order, seed=seed)
 
+
+
+def test_uniform_experts_are_uniform_with_repeats_and_new_every_step():
+    """reference.uniform_experts stands in for vLLM's torch.randint routing: every expert about equally
+    often, repeats within a row allowed, a different draw per position and per layer."""
+    E, K = 128, 8
+    pos = torch.arange(4096)
+    draws = ref.uniform_experts(3, pos, K, E)
+    counts = torch.bincount(draws.flatten(), minlength=E).float()
+    expected = draws.numel() / E  # 256
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 200  # 127 degrees of freedom: mean 127, sd ~16
+    assert any(len(set(row.tolist())) < K for row in draws)  # with replacement, like randint
+    assert (ref.uniform_experts(3, pos + 1, K, E) != draws).float().mean() > 0.9
+    assert (ref.uniform_experts(4, pos, K, E) != draws).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_step_with_uniform_routing_matches_the_reference(dims, weights, batch):
+    """The step table's uniform_routing: the top-k draws reference.uniform_experts with weight 1 instead of
+    routing; the simulated step matches the reference step that does the same, and not the routed one."""
+    gen = torch.Generator().manual_seed(batch)
+    lengths = [3, 9, 17, 2][: max(batch - 1, 1)]
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
+    sim.fill_history(lengths + [0] * (batch - len(lengths)), generator=gen)
+    toks = [int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths]
+    inp = sim.step(toks + [None] * (batch - len(lengths)))
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1),
+                           *weights.intermediates())
+    got = simulate.decode_step(sched, weights, clone_inputs(inp), order="random", seed=batch,
+                               uniform_routing=True)
+    expected = ref.decode_step(dims, weights, clone_inputs(inp), uniform_routing=True)
+    routed = ref.decode_step(dims, weights, clone_inputs(inp))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    live = inp.seq_lens > 0
+    assert not torch.allclose(got[live], routed[live], atol=1e-3, rtol=1e-3)

@@ -131,6 +131,38 @@ def test_expert_tasks_where_they_were_dealt_match_reference(wide):
     print(f"batch 8, tiles as dealt: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
+@pytest.mark.parametrize("batch, lengths", [(1, [700]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])
+def test_uniform_routing_draws_the_references_experts_with_weight_one(wide, batch, lengths):
+    """The step table's uniform_routing (vLLM's uniform_random routing simulation): every live row's experts
+    are reference.uniform_experts of its position, on every MoE layer, and the step matches the reference
+    step that routes the same way."""
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel import runtime
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+    from vllm_megakernel.paged_kv import PagedKVSim
+
+    dims, w = wide
+    gen = torch.Generator().manual_seed(batch)
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=16, dtype=torch.bfloat16,
+                     device="cuda", seed=batch)
+    sim.fill_history(list(lengths) + [0] * (batch - len(lengths)), generator=gen)
+    toks = [int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths]
+    inp = sim.step(toks + [None] * (batch - len(lengths)))
+    mk_inp = dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132), *w.intermediates())
+    step = runtime.build_step(sched, w, mk_inp, route_log=True, uniform_routing=True)
+    got = runtime.run_step(step).clone()
+    chosen = runtime.routing_log(step.workspace, dims, batch)
+    live = inp.seq_lens > 0
+    for layer in range(dims.num_layers):
+        if not dims.dense[layer]:
+            want = ref.uniform_experts(layer, inp.positions.cpu(), dims.top_k, dims.num_experts)
+            assert torch.equal(chosen[layer][live.cpu()].long().cpu(), want[live.cpu()]), f"layer {layer}"
+    expected = ref.decode_step(dims, w, inp, uniform_routing=True)
+    cos, err = compare(got, expected, live)
+    print(f"uniform routing, batch {batch}: min cosine {cos:.6f}, max rel err {err:.4f}")
+
+
 def test_wide_step_at_128k_context(wide):
     dims, w = wide
     (cos, err), _ = one_step(dims, w, [131072], 1, 16)

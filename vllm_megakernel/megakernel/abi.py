@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -110,6 +110,9 @@ ERROR_FIELDS = (
 STEP_FIELDS = (
     "batch", "num_slots", "block_size", "sliding_window", "attn_splits", "attn_min_tiles", "norm_topk_prob",
     "eps_f64", "rope_theta_f64", "timeout_ns",
+    # 1: experts are drawn uniformly at random instead of by the router, with weight 1 (vLLM's
+    # VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random, for benchmarks); reference.uniform_experts
+    "uniform_routing",
     # route buffer offsets (int32 words): num_active at 0, then layout.route_offsets
     "route_expert_off", "route_count_off", "route_rows_off",
     # model-wide weights

@@ -117,13 +117,14 @@ def check_kv_cache(cache: torch.Tensor, layer: int) -> None:
 
 def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
                route_log: bool = False, workspace: dict[str, torch.Tensor] | None = None,
-               trace: bool = False) -> DeviceStep:
+               trace: bool = False, uniform_routing: bool = False) -> DeviceStep:
     """Tables for ``schedule`` over these weights and input buffers (all on one CUDA device).
 
     ``workspace`` (from :func:`allocate_workspace`, sized for this step or more) is shared between the
     steps of different batch sizes; without it a private one is allocated. ``route_log`` records each MoE
     layer's experts in ``workspace["route_log"]`` (int32 [num_layers, B, K]). ``trace`` makes every launch
-    record where and when each task ran in :attr:`DeviceStep.trace` (see :mod:`.trace`).
+    record where and when each task ran in :attr:`DeviceStep.trace` (see :mod:`.trace`). ``uniform_routing``
+    draws every MoE layer's experts uniformly at random (reference.uniform_experts) instead of routing.
     """
     dims, shape = schedule.dims, schedule.shape
     B, S = shape.batch, shape.attn_splits
@@ -149,7 +150,8 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     step = {
         "batch": B, "num_slots": schedule.num_slots, "block_size": inputs.kv_caches[0].shape[2],
         "sliding_window": dims.sliding_window or 0, "attn_splits": S, "attn_min_tiles": shape.attn_min_tiles,
-        "norm_topk_prob": int(dims.norm_topk_prob), "eps_f64": _f64_bits(dims.eps),
+        "norm_topk_prob": int(dims.norm_topk_prob), "uniform_routing": int(uniform_routing),
+        "eps_f64": _f64_bits(dims.eps),
         "rope_theta_f64": _f64_bits(dims.rope_theta), "timeout_ns": int(timeout_s * 1e9),
         "route_expert_off": route["expert"], "route_count_off": route["count"], "route_rows_off": route["rows"],
         "embed": _addr(weights.embed), "final_norm": _addr(weights.final_norm),

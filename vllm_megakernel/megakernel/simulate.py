@@ -34,7 +34,7 @@ from vllm_megakernel.megakernel import layout
 from vllm_megakernel.megakernel.abi import NO_BARRIER
 from vllm_megakernel.megakernel.runtime import workspace_dtype
 from vllm_megakernel.megakernel.schedule import Schedule, Task
-from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route
+from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route, uniform_experts
 
 
 class ScheduleError(RuntimeError):
@@ -282,8 +282,9 @@ def _race(schedule: Schedule, key: tuple, writer: int, other: int) -> None:
 class Numerics:
     """Executes opcodes with torch ops on a workspace laid out as the kernel's will be."""
 
-    def __init__(self, schedule: Schedule, weights: Weights, inputs: DecodeInputs):
+    def __init__(self, schedule: Schedule, weights: Weights, inputs: DecodeInputs, uniform_routing: bool = False):
         self.s, self.dims, self.w, self.inp = schedule, schedule.dims, weights, inputs
+        self.uniform_routing = uniform_routing  # the step table's uniform_routing (reference.uniform_experts)
         dt, dev = weights.embed.dtype, weights.embed.device
         self.group = self.dims.num_heads // self.dims.num_kv_heads
         self.spec = layout.workspace_spec(self.dims, schedule.shape.batch, schedule.shape.attn_splits,
@@ -457,10 +458,14 @@ class Numerics:
 
     def router_topk(self, layer: int) -> None:
         dims = self.dims
-        weights, experts = torch.sort(self.scores, dim=-1, descending=True, stable=True)
-        weights, experts = weights[:, :dims.top_k], experts[:, :dims.top_k]
-        if dims.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdim=True)
+        if self.uniform_routing:
+            experts = uniform_experts(layer, self.inp.positions, dims.top_k, dims.num_experts)
+            weights = torch.ones(experts.shape, dtype=self.topk_w.dtype, device=self.topk_w.device)
+        else:
+            weights, experts = torch.sort(self.scores, dim=-1, descending=True, stable=True)
+            weights, experts = weights[:, :dims.top_k], experts[:, :dims.top_k]
+            if dims.norm_topk_prob:
+                weights = weights / weights.sum(-1, keepdim=True)
         self.topk_w[:] = weights
         rows: dict[int, list[int]] = defaultdict(list)
         for r in range(experts.shape[0]):
@@ -504,11 +509,11 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def decode_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, order: str = "round_robin",
-                seed: int = 0) -> torch.Tensor:
+                seed: int = 0, uniform_routing: bool = False) -> torch.Tensor:
     """One decode step executed task by task through ``schedule``; returns the final hidden states."""
     if inputs.input_ids.shape[0] != schedule.shape.batch:
         raise ValueError(f"inputs have batch {inputs.input_ids.shape[0]}, schedule {schedule.shape.batch}")
-    numerics = Numerics(schedule, weights, inputs)
+    numerics = Numerics(schedule, weights, inputs, uniform_routing)
     with torch.no_grad():
         run(schedule, numerics, order=order, seed=seed)
     return numerics.out

@@ -60,8 +60,9 @@ class _Entry:
 
 class MegakernelDecoder:
     def __init__(self, model: torch.nn.Module, hf_config, max_model_len: int, num_sms: int,
-                 max_batch: int = MAX_BATCH, timeout_s: float = 5.0):
+                 max_batch: int = MAX_BATCH, timeout_s: float = 5.0, uniform_routing: bool = False):
         self.model = model
+        self.uniform_routing = uniform_routing  # vLLM's uniform_random routing simulation, in the kernel too
         self.dims = ModelDims.from_config(hf_config)
         self.moe_intermediate = hf_config.intermediate_size
         self.dense_intermediate = getattr(hf_config, "prefix_dense_intermediate_size", None) or 0
@@ -172,7 +173,8 @@ class MegakernelDecoder:
             sched = build_schedule(self.dims, self._shape(batch), self.moe_intermediate, self.dense_intermediate)
             self.schedules[batch] = sched
         step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s,
-                                  route_log=self.routing_recorded, workspace=self.workspace)
+                                  route_log=self.routing_recorded, workspace=self.workspace,
+                                  uniform_routing=self.uniform_routing)
         # The step must read vLLM's buffers themselves, not copies: a copy would freeze one step's inputs.
         read = {k.data_ptr() for k in step.keepalive}
         buffers = [("input_ids", inputs.input_ids), ("positions", inputs.positions), ("seq_lens", inputs.seq_lens)]

@@ -22,6 +22,7 @@ from vllm.platforms import current_platform
 
 from vllm_megakernel import extension
 from vllm_megakernel.options import (
+    UNIFORM_ROUTING,
     Decision,
     decide,
     parse_options,
@@ -47,6 +48,13 @@ def moe_backend_names(model: nn.Module) -> Iterator[str]:
             yield str(getattr(backend, "name", backend))
 
 
+def _routing_simulation() -> str:
+    """vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY (stock's router reads the same): "" when routing is real."""
+    import vllm.envs as envs
+
+    return envs.VLLM_MOE_ROUTING_SIMULATION_STRATEGY or ""
+
+
 class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         # Options are parsed first so that a typo fails before minutes of weight loading.
@@ -62,6 +70,7 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
                 self, vllm_config.model_config.hf_config, vllm_config.model_config.max_model_len,
                 num_sms=ext.query_device(torch.cuda.current_device())["sm_count"],
                 max_batch=self.megakernel_decision.max_batch,
+                uniform_routing=_routing_simulation() == UNIFORM_ROUTING,
             )
 
     @torch.no_grad()
@@ -87,6 +96,7 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
                 attention_backends=attention_backend_names(self),
                 moe_backends=moe_backend_names(self),
                 device_capability=None if capability is None else tuple(capability),
+                routing_simulation=_routing_simulation(),
             )
             if not current_platform.is_cuda():
                 reasons.append(f"platform {type(current_platform).__name__} is not CUDA")
