@@ -136,6 +136,30 @@ def test_a_missing_signal_is_reported_as_a_deadlock_naming_the_barrier(dims):
         simulate.run(s)
 
 
+def test_a_missing_routing_signal_stops_the_producers_and_the_report_says_so(dims):
+    """Expert places are claimed by the producer once the layer's routing is published; without it no
+    producer gets past its first expert place, and the deadlock report names the producer's wait."""
+    s = tiny_schedule(dims, 2)
+    topk = next(t for t in s.tasks if t.op == Op.ROUTER_TOPK and t.layer == 2)
+    topk.signal = NO_BARRIER
+    with pytest.raises(simulate.Deadlock, match=r"the producer of SM \d+ waits on L2\.route before publishing"):
+        simulate.run(s)
+
+
+@pytest.mark.parametrize("order", ["round_robin", "reverse", "random"])
+def test_producers_run_at_most_the_descriptor_ring_ahead_and_claim_in_reach_order(dims, order):
+    """However far the producers run ahead (up to the ring, or only to the consumer's place), every claim
+    wave is handed out whole, each task once, and the step completes with exact barrier counts."""
+    s = tiny_schedule(dims, 3, num_sms=3)
+    placed = []
+    done = simulate.run(s, order=order, seed=7, placed=placed)
+    assert sorted(done) == list(range(len(s.tasks)))
+    for counter in {t.claim for t in s.tasks if t.claim != NO_BARRIER}:
+        wave = sorted(t.index for t in s.tasks if t.claim == counter)
+        ran = sorted(i for lst in placed for i in lst if s.tasks[i].claim == counter)
+        assert ran == wave
+
+
 def test_an_extra_signal_is_reported_as_overflow(dims):
     s = tiny_schedule(dims, 2)
     qkv_bar = next(t.signal for t in s.tasks if t.op == Op.QKV_ROPE and t.layer == 3)

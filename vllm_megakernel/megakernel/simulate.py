@@ -10,7 +10,8 @@ Three checks, none of which needs a GPU:
   kernel's producer warp also waits on a barrier before issuing some loads (``Task.load_wait``: expert
   weights after the layer's routing, the tile holding the new token after the layer's qkv); ``run`` checks
   that every such barrier is signalled only by lower-numbered tasks, which is what keeps a producer from
-  deadlocking against its own consumers.
+  deadlocking against its own consumers, and runs a producer per SM that publishes places at most the
+  descriptor ring ahead, stops at those waits, and claims expert tasks from their waves' counters.
 - ``check_races``: proves from the barrier graph alone that any two tasks touching the same logical
   region, at least one of them writing, are ordered (happens-before through program order and barriers).
   A missing dependency fails here even when one lucky interleaving would have produced the right numbers.
@@ -31,10 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from vllm_megakernel.megakernel import layout
-from vllm_megakernel.megakernel.abi import NO_BARRIER
+from vllm_megakernel.megakernel.abi import KERNEL, NO_BARRIER
 from vllm_megakernel.megakernel.runtime import workspace_dtype
 from vllm_megakernel.megakernel.schedule import Schedule, Task
 from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route, uniform_experts
+
+
+DESC_SLOTS = KERNEL["desc_slots"]  # how far a producer may run ahead of its consumers, in places
 
 
 class ScheduleError(RuntimeError):
@@ -64,11 +68,15 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     ``order``: ``"round_robin"`` advances SMs in turn; ``"random"`` picks a random runnable SM each time
     (a different legal interleaving per seed); ``"reverse"`` prefers the highest-numbered runnable SM.
 
-    A claiming expert task (``Task.claim``) is a place in its SM's list: when the place comes up, it takes
-    the next task of its wave from the wave's counter, as the kernel's producer does, and that task runs
-    there (its waits, its signal). The kernel's producer claims up to a few tasks ahead of its consumers;
-    claiming at the head is one of the orders that allows. ``placed``, when given, receives each SM's list
-    as it ran, claimed tasks in their places.
+    Each SM has a producer too, as in the kernel: it takes the SM's places in order, at most
+    ``DESC_SLOTS`` ahead of the consumers (the descriptor ring), and cannot get past a place whose
+    ``load_wait`` barrier is incomplete (a claiming place: before it claims; any other: after publishing
+    it, while it loads). A consumer runs a place only once the producer has published it. A claiming
+    expert task (``Task.claim``) takes the next task of its wave from the wave's counter when the producer
+    reaches it, and that task runs there (its waits, its signal). How far ahead producers run is the
+    order's choice -- as far as they can (``round_robin``), only to the consumer's next place
+    (``reverse``), a random distance each time (``random``) -- each a legal behaviour of the kernel's
+    producers. ``placed``, when given, receives each SM's list as it ran, claimed tasks in their places.
     """
     _check_producer_waits(schedule)
     claimable: dict[int, list[int]] = defaultdict(list)  # counter -> its wave's tasks, in claim order
@@ -76,40 +84,67 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
         if t.claim != NO_BARRIER:
             claimable[t.claim].append(t.index)
     claimed = dict.fromkeys(claimable, 0)
-    resolved: set[tuple[int, int]] = set()  # (sm, position) of places already claimed
     counts = [0] * len(schedule.barriers)
     targets = [b.target for b in schedule.barriers]
     lists = [list(lst) for lst in schedule.sm_tasks]
-    pcs = [0] * len(lists)
+    n = len(lists)
+    pcs = [0] * n  # the consumers' next place
+    published = [0] * n  # places the producer has published (and claimed, where claiming)
+    producer_blocked = [NO_BARRIER] * n  # the load_wait barrier a producer is stopped on
+    unpublished_head = [False] * n  # the consumers wait for the producer
     rng = random.Random(seed)
     done: list[int] = []
     remaining = sum(len(t) for t in lists)
     waiting: dict[int, list[int]] = defaultdict(list)  # barrier -> SMs whose next task waits on it
+    producers_waiting: dict[int, list[int]] = defaultdict(list)  # barrier -> SMs whose producer waits on it
     ready: set[int] = set()
     cursor = 0
 
+    def complete(b: int) -> bool:
+        return b == NO_BARRIER or counts[b] >= targets[b]
+
+    def advance(sm: int) -> None:
+        """The producer takes places until its lookahead or an incomplete load_wait stops it."""
+        if not complete(producer_blocked[sm]):
+            return
+        reach = DESC_SLOTS if order == "round_robin" else 1 if order == "reverse" else rng.randint(1, DESC_SLOTS)
+        lst = lists[sm]
+        while published[sm] < min(len(lst), pcs[sm] + reach):
+            task = schedule.tasks[lst[published[sm]]]
+            if task.claim != NO_BARRIER:
+                if not complete(task.load_wait):  # the claim waits for the layer's routing
+                    producer_blocked[sm] = task.load_wait
+                    producers_waiting[task.load_wait].append(sm)
+                    return
+                lst[published[sm]] = claimable[task.claim][claimed[task.claim]]
+                claimed[task.claim] += 1
+            published[sm] += 1
+            if not complete(task.load_wait):  # published; the producer is stuck in its loads
+                producer_blocked[sm] = task.load_wait
+                producers_waiting[task.load_wait].append(sm)
+                return
+
     def park(sm: int) -> None:
-        """Puts an SM whose next task is set into ``ready`` or under the first barrier it still needs."""
+        """Puts an SM whose next place is published into ``ready`` or under the first barrier it still
+        needs; one whose next place is not yet published waits for its producer."""
         if pcs[sm] >= len(lists[sm]):
             return
+        advance(sm)
+        unpublished_head[sm] = published[sm] <= pcs[sm]
+        if unpublished_head[sm]:
+            return
         task = schedule.tasks[lists[sm][pcs[sm]]]
-        if task.claim != NO_BARRIER and (sm, pcs[sm]) not in resolved:
-            task = schedule.tasks[claimable[task.claim][claimed[task.claim]]]
-            claimed[task.claim] += 1
-            lists[sm][pcs[sm]] = task.index
-            resolved.add((sm, pcs[sm]))
         for b in task.waits:
             if counts[b] < targets[b]:
                 waiting[b].append(sm)
                 return
         ready.add(sm)
 
-    for sm in range(len(lists)):
+    for sm in range(n):
         park(sm)
-    n = len(lists)
     while remaining:
         if not ready:
-            raise Deadlock(_deadlock_report(schedule, pcs, counts))
+            raise Deadlock(_deadlock_report(schedule, lists, pcs, counts, published, producer_blocked))
         if order == "random":
             sm = rng.choice(sorted(ready))
         elif order == "reverse":
@@ -130,6 +165,12 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
                     f"{counts[task.signal]}, past its target {target}"
                 )
             if counts[task.signal] == target:
+                for other in producers_waiting.pop(task.signal, []):
+                    producer_blocked[other] = NO_BARRIER
+                    if unpublished_head[other]:
+                        park(other)
+                    else:
+                        advance(other)
                 for other in waiting.pop(task.signal, []):
                     park(other)
         pcs[sm] += 1
@@ -174,12 +215,18 @@ def _check_producer_waits(schedule: Schedule) -> None:
                                f"task {last_signaller[b]} (not earlier in the step) signals")
 
 
-def _deadlock_report(schedule: Schedule, pcs: list[int], counts: list[int]) -> str:
+def _deadlock_report(schedule: Schedule, lists: list[list[int]], pcs: list[int], counts: list[int],
+                     published: list[int], producer_blocked: list[int]) -> str:
     lines = []
     for sm, pc in enumerate(pcs):
-        if pc >= len(schedule.sm_tasks[sm]):
+        if pc >= len(lists[sm]):
             continue
-        task = schedule.tasks[schedule.sm_tasks[sm][pc]]
+        task = schedule.tasks[lists[sm][pc]]
+        if published[sm] <= pc:
+            b = producer_blocked[sm]
+            lines.append(f"the producer of SM {sm} waits on {schedule.barrier_name(b)} before publishing "
+                         f"{task.describe()}: expected {schedule.barriers[b].target}, seen {counts[b]}")
+            continue
         for b in task.waits:
             if counts[b] < schedule.barriers[b].target:
                 lines.append(f"{task.describe()} waits on {schedule.barrier_name(b)}: "
