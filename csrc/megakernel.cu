@@ -148,7 +148,7 @@ __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, c
       n = __shfl_sync(0xffffffffu, n, 0);
       if (n < 0) return;
       word = claimed_word(op, word, n);
-      __syncwarp();
+      __syncwarp();  // lane 0 is done reading the placeholder's words before they are rewritten
     }
     pipe.desc[slot][lane] = word;
     ptx::mbarrier_arrive(&pipe.desc_full[slot]);  // release: the consumers see the word once the phase completes
