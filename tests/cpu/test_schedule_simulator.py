@@ -458,3 +458,25 @@ def test_step_with_uniform_routing_matches_the_reference(dims, weights, batch):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     live = inp.seq_lens > 0
     assert not torch.allclose(got[live], routed[live], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("batch, order", [(1, "random"), (3, "reverse")])
+def test_slack_slots_run_empty_and_leave_the_step_unchanged(dims, weights, batch, order):
+    """Expert slots beyond the most the routing can fill only add empty places for claims to skip: same
+    output as without them, barrier counts exact, no race."""
+    gen = torch.Generator().manual_seed(batch)
+    lengths = [5, 9, 2][:batch]
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
+    sim.fill_history(lengths, generator=gen)
+    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    shape = dict(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1)
+    plain = build_schedule(dims, StepShape(**shape), *weights.intermediates())
+    slack = build_schedule(dims, StepShape(**shape, expert_slack_slots=3), *weights.intermediates())
+    up = lambda s: sum(t.op == Op.MOE_UPGATE for t in s.tasks)  # noqa: E731
+    assert up(slack) > up(plain)
+    simulate.check_races(slack, order=order, seed=batch)
+    got = simulate.decode_step(slack, weights, clone_inputs(inp), order=order, seed=batch)
+    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="only with expert_claims"):
+        StepShape(**shape, expert_slack_slots=1, expert_claims=False)

@@ -83,9 +83,12 @@ class StepShape:
     defaulting to what layout.py picks for the batch: the attention split (0: attn_splits_for), heads per
     combine (0: combine_heads_for), the norm ("auto": folded into its readers up to the register batch,
     "wave": a norm wave, "fold": folded), GEMM task sizes (``tiles``: (GemmTiles field, value) pairs that
-    replace layout.gemm_tiles' choice), the order of a layer's waves (a WAVE_ORDERS key) and whether the
+    replace layout.gemm_tiles' choice), the order of a layer's waves (a WAVE_ORDERS key), whether the
     expert tasks are claimed from a per-wave counter (abi's ``claim`` field) or run the tile they were
-    dealt."""
+    dealt, and ``expert_slack_slots``: slots added to every MoE layer's expert waves beyond the most the
+    routing can fill. Their tasks only ever run empty (claims hand out the routed slots first), but they
+    give every SM more expert places, so the SMs that come for work early can take more of it and the late
+    ones find empty tasks."""
 
     batch: int
     num_sms: int
@@ -96,12 +99,16 @@ class StepShape:
     tiles: tuple[tuple[str, int], ...] = ()
     order: str = "default"
     expert_claims: bool = True
+    expert_slack_slots: int = 0
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
             raise ValueError(f"order={self.order!r}: one of {sorted(WAVE_ORDERS)}")
         if self.norm not in ("auto", "wave", "fold") or (self.norm == "fold" and self.batch > layout.REGISTER_BATCH):
             raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
+        if self.expert_slack_slots < 0 or (self.expert_slack_slots and not self.expert_claims):
+            raise ValueError("expert_slack_slots: a count >= 0, and only with expert_claims (slack slots are empty "
+                             "places for claims to skip)")
         if self.batch < 1 or self.num_sms < 1 or self.attn_splits < 0 or self.attn_min_tiles < 1:
             raise ValueError(f"invalid step shape {self}")
         if self.batch > layout.MAX_BATCH:
@@ -239,7 +246,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     B, S = shape.batch, shape.attn_splits
     tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, B, dict(shape.tiles))
     fold = layout.fold_norm(B) if shape.norm == "auto" else shape.norm == "fold"
-    slots = layout.moe_slots(dims, B)
+    slots = layout.moe_slots(dims, B) + shape.expert_slack_slots  # slots past moe_slots never hold an expert
     heads_per_combine = _heads_per_combine(dims, shape)
     chunks = range(-(-B // layout.NORM_ROWS))  # row chunks of x / hn (NORM tasks, region units)
     qkv_rows = (hq + 2 * hkv) * D
