@@ -38,3 +38,49 @@ def test_bundle_pins_match_the_project_pins():
         if "==" in req:
             name, version = req.split("==")
             assert bundle[re.sub(r"[-_.]+", "-", name).lower()] == version, req
+
+
+def test_install_without_the_project_unpacks_the_bundle_and_builds_nothing(tmp_path):
+    """`install.sh --no-project` (the caller brings its own checkout and extension): the pieces are
+    reassembled, checked and unpacked, vllm and lm_eval import from the bundle, and the check does not
+    import this project (the shipped source's pyproject is broken here: building it would fail)."""
+    import hashlib
+    import io
+    import lzma
+    import shutil
+    import subprocess
+    import tarfile
+
+    site = tmp_path / "build" / "site"
+    for name, version in (("vllm", "0.24.0"), ("lm_eval", "0.4.13")):
+        (site / name).mkdir(parents=True)
+        (site / name / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    (site / "_vllm_megakernel_src").mkdir()
+    (site / "_vllm_megakernel_src" / "pyproject.toml").write_text("this is not toml [\n")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(site, arcname="site")
+    archive = lzma.compress(buf.getvalue())
+    out = tmp_path / "bundle"
+    (out / "p0").mkdir(parents=True)
+    (out / "p0" / "bundle.part0").write_bytes(archive[: len(archive) // 2])
+    (out / "p1").mkdir()
+    (out / "p1" / "bundle.part1").write_bytes(archive[len(archive) // 2:])
+    (out / "bundle.sha256").write_text(f"{hashlib.sha256(archive).hexdigest()}  site.tar.xz\n")
+    for f in ("install.sh", "env.sh"):
+        shutil.copy(BUNDLE / f, out / f)
+    root = tmp_path / "host"
+    root.mkdir()
+    env = {**__import__("os").environ, "OFFLINE_BUNDLE_ROOT": str(root), "OFFLINE_BUNDLE_PARTS": str(root / "parts")}
+
+    def install(*args):
+        return subprocess.run(["bash", str(out / "install.sh"), *args], env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    for piece in ("p0", "p1"):
+        assert install("--stash", str(out / piece)).returncode == 0
+    done = install("--no-project")
+    assert done.returncode == 0, done.stderr
+    assert "vllm 0.24.0 lm_eval 0.4.13" in done.stdout and "not built from the bundle" in done.stdout
+    assert (root / "site" / "vllm" / "__init__.py").exists() and not (root / "site.tar.xz").exists()
+    assert install("--bogus").returncode == 2

@@ -1,28 +1,48 @@
 #!/usr/bin/env bash
-# On the GPU host. Two forms:
+# On the GPU host. Three forms:
 #   bash install.sh --stash DIR   append the pieces found in DIR to /tmp/offline-bundle-parts
 #   bash install.sh               reassemble, check the checksum, unpack into /tmp/site (once), build and
 #                                 install vllm_megakernel from the shipped source, check the imports
+#   bash install.sh --no-project  the same without building the shipped source, for a caller that puts its
+#                                 own checkout (with an extension built elsewhere) ahead of the bundle on
+#                                 PYTHONPATH: compiling csrc/ there costs device time and is not what runs
+# OFFLINE_BUNDLE_PARTS and OFFLINE_BUNDLE_ROOT move /tmp/offline-bundle-parts and /tmp (the CPU test does).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-parts=/tmp/offline-bundle-parts
+parts=${OFFLINE_BUNDLE_PARTS:-/tmp/offline-bundle-parts}
+root=${OFFLINE_BUNDLE_ROOT:-/tmp}
 mkdir -p "$parts"
 if [[ ${1:-} == --stash ]]; then
   cp "${2:?usage: install.sh --stash DIR}"/* "$parts/"
   ls -la "$parts"
   exit 0
 fi
-if [[ ! -d /tmp/site/vllm ]]; then
-  cat "$parts"/bundle.part* > /tmp/site.tar.xz
-  ( cd /tmp && echo "$(cut -d' ' -f1 "$here/bundle.sha256")  site.tar.xz" | sha256sum -c - )
-  tar -C /tmp -xJf /tmp/site.tar.xz
-  rm -f /tmp/site.tar.xz
+project=1
+if [[ ${1:-} == --no-project ]]; then
+  project=0
+elif [[ -n ${1:-} ]]; then
+  echo "usage: install.sh [--stash DIR | --no-project]" >&2
+  exit 2
 fi
+if [[ ! -d $root/site/vllm ]]; then
+  cat "$parts"/bundle.part* > "$root/site.tar.xz"
+  ( cd "$root" && echo "$(cut -d' ' -f1 "$here/bundle.sha256")  site.tar.xz" | sha256sum -c - )
+  # build.sh compresses with xz -T0 (several blocks): xz 5.4 and newer decompress those in parallel
+  xz -d -T0 -c "$root/site.tar.xz" | tar -C "$root" -x
+  rm -f "$root/site.tar.xz"
+fi
+export OFFLINE_BUNDLE_ROOT=$root
 source "$here/env.sh"
-# The checks run from / so that a vllm_megakernel source folder in the caller's directory (a checkout)
-# cannot stand in for the installed package.
-if ! (cd / && python3 -c "import vllm_megakernel._C") 2>/dev/null; then
-  python3 -m pip install -q --no-build-isolation --no-deps --no-index /tmp/site/_vllm_megakernel_src
+gpu="torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'"
+if (( project )); then
+  # The checks run from / so that a vllm_megakernel source folder in the caller's directory (a checkout)
+  # cannot stand in for the installed package.
+  if ! (cd / && python3 -c "import vllm_megakernel._C") 2>/dev/null; then
+    python3 -m pip install -q --no-build-isolation --no-deps --no-index "$root/site/_vllm_megakernel_src"
+  fi
+  (cd / && python3 -c "import vllm, lm_eval, torch, vllm_megakernel._C as c; print('vllm', vllm.__version__, \
+'lm_eval', lm_eval.__version__, 'torch', torch.__version__, 'extension', c.build_info(), 'gpu', $gpu)")
+else
+  (cd / && python3 -c "import vllm, lm_eval, torch; print('vllm', vllm.__version__, 'lm_eval', lm_eval.__version__, \
+'torch', torch.__version__, 'gpu', $gpu, '(this project: not built from the bundle)')")
 fi
-(cd / && python3 -c "import vllm, lm_eval, torch, vllm_megakernel._C as c; print('vllm', vllm.__version__, 'lm_eval', \
-lm_eval.__version__, 'torch', torch.__version__, 'extension', c.build_info(), 'gpu', torch.cuda.get_device_name())")
