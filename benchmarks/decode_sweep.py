@@ -61,6 +61,9 @@ def check_contexts(contexts: list[int], new_tokens: int, config: dict) -> None:
                          f"the longest context that fits is {longest}")
 
 
+_REQUEST_IDS = itertools.count()  # request ids unique over the engine's life
+
+
 def decode_interval(engine, prompts, params, clock=None) -> tuple[float, float]:
     """Runs ``prompts`` to completion on a vLLM ``LLMEngine``, stepping it here; returns (seconds until every
     request had its first token, seconds from then until the last request finished). With ``max_tokens``
@@ -81,9 +84,6 @@ def decode_interval(engine, prompts, params, clock=None) -> tuple[float, float]:
     if first is None:
         raise RuntimeError(f"only {len(started)} of {len(prompts)} requests produced a token")
     return first - start, end - first
-
-
-_REQUEST_IDS = itertools.count()
 
 
 def prompt_ids(seed: int, context: int, index: int) -> list[int]:

@@ -30,6 +30,7 @@ ATTENTION_WAVES = ("attn_partial", "attn_combine")
 
 SHAPE_KEYS = ("attn_splits", "attn_min_tiles", "combine_heads", "norm", "order", "expert_claims",
               "expert_slack_slots")
+SHAPE_VALUE = {"norm": str, "order": str, "expert_claims": lambda v: bool(int(v))}  # the rest are ints
 
 
 def parse_schedule(text: str) -> dict:
@@ -45,8 +46,7 @@ def parse_schedule(text: str) -> dict:
         key, _, value = item.partition("=")
         key = key.strip()
         if key in SHAPE_KEYS:
-            shape[key] = value.strip() if key in ("norm", "order") else \
-                bool(int(value)) if key == "expert_claims" else int(value)
+            shape[key] = SHAPE_VALUE.get(key, int)(value.strip())
         elif key in tile_names:
             tiles.append((key, int(value)))
         else:

@@ -19,10 +19,10 @@ Dependencies are barriers (counters). A barrier's target is the number of tasks 
 here, never written by hand -- and every wait on it waits for exactly that target. Work that depends on
 live data (sequence lengths, routing) keeps static task counts: an attention split past the end of its
 sequence (which also skips its waits: abi.WAITS_ONLY_IF_WORK), or an expert slot past the number of experts
-actually chosen, still runs and still signals, it just has nothing to compute. Every task declares the logical buffer regions it reads and writes, so the
-simulator can prove that every conflicting pair of tasks is ordered by the barriers. A region is a tuple
-key; a write names a whole key, a read may name a prefix of keys (``("o", 1)`` reads every
-``("o", 1, unit)``).
+actually chosen, still runs and still signals, it just has nothing to compute. Every task declares the
+logical buffer regions it reads and writes, so the simulator can prove that every conflicting pair of
+tasks is ordered by the barriers. A region is a tuple key; a write names a whole key, a read may name a
+prefix of keys (``("o", 1)`` reads every ``("o", 1, unit)``).
 
 The residual stream x and the layer outputs o and mlp alternate between two buffers by layer parity
 (layer l writes index l % 2 and reads (l - 1) % 2), so a late reader of one layer's inputs (an expert's

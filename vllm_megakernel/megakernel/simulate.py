@@ -90,8 +90,7 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     n = len(lists)
     pcs = [0] * n  # the consumers' next place
     published = [0] * n  # places the producer has published (and claimed, where claiming)
-    producer_blocked = [NO_BARRIER] * n  # the load_wait barrier a producer is stopped on
-    unpublished_head = [False] * n  # the consumers wait for the producer
+    producer_blocked = [NO_BARRIER] * n  # the load_wait barrier a producer last stopped on
     rng = random.Random(seed)
     done: list[int] = []
     remaining = sum(len(t) for t in lists)
@@ -130,8 +129,7 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
         if pcs[sm] >= len(lists[sm]):
             return
         advance(sm)
-        unpublished_head[sm] = published[sm] <= pcs[sm]
-        if unpublished_head[sm]:
+        if published[sm] <= pcs[sm]:  # the consumers wait for their producer
             return
         task = schedule.tasks[lists[sm][pcs[sm]]]
         for b in task.waits:
@@ -166,8 +164,7 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
                 )
             if counts[task.signal] == target:
                 for other in producers_waiting.pop(task.signal, []):
-                    producer_blocked[other] = NO_BARRIER
-                    if unpublished_head[other]:
+                    if published[other] <= pcs[other]:  # its consumers were waiting for it
                         park(other)
                     else:
                         advance(other)

@@ -60,7 +60,8 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
         # Options are parsed first so that a typo fails before minutes of weight loading.
         options = parse_options(vllm_config.additional_config)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        self.megakernel_decision: Decision = self._decide(vllm_config, options)
+        routing_simulation = _routing_simulation()
+        self.megakernel_decision: Decision = self._decide(vllm_config, options, routing_simulation)
         self.megakernel = None
         if self.megakernel_decision.use_megakernel:
             from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder
@@ -70,7 +71,7 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
                 self, vllm_config.model_config.hf_config, vllm_config.model_config.max_model_len,
                 num_sms=ext.query_device(torch.cuda.current_device())["sm_count"],
                 max_batch=self.megakernel_decision.max_batch,
-                uniform_routing=_routing_simulation() == UNIFORM_ROUTING,
+                uniform_routing=routing_simulation == UNIFORM_ROUTING,
             )
 
     @torch.no_grad()
@@ -85,7 +86,7 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
             hidden_states = self.megakernel.poison_on_error(hidden_states)
         return super().compute_logits(hidden_states)
 
-    def _decide(self, vllm_config: VllmConfig, options) -> Decision:
+    def _decide(self, vllm_config: VllmConfig, options, routing_simulation: str) -> Decision:
         if options.enabled is False:
             decision = decide(options, None, [])
         else:
@@ -96,7 +97,7 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
                 attention_backends=attention_backend_names(self),
                 moe_backends=moe_backend_names(self),
                 device_capability=None if capability is None else tuple(capability),
-                routing_simulation=_routing_simulation(),
+                routing_simulation=routing_simulation,
             )
             if not current_platform.is_cuda():
                 reasons.append(f"platform {type(current_platform).__name__} is not CUDA")
