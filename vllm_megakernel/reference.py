@@ -368,15 +368,29 @@ def _fmix32(h: int) -> int:
     return h ^ (h >> 16)
 
 
+def uniform_draw(layer: int, position: int, j: int, num_experts: int) -> int:
+    """The j-th uniform draw of a row at ``position`` on ``layer`` (csrc/ops/router.cuh: uniform_expert)."""
+    x = ((layer * 0x9E3779B1) ^ ((position & 0xFFFFFFFF) * 0x85EBCA77) ^ (j * 0xC2B2AE3D)) & 0xFFFFFFFF
+    return _fmix32(x) % num_experts
+
+
 def uniform_experts(layer: int, positions: torch.Tensor, top_k: int, num_experts: int) -> torch.Tensor:
-    """Experts [B, K] drawn uniformly at random, with repeats, as vLLM's ``uniform_random`` routing
-    simulation draws them (torch.randint per step); here a hash of (layer, the row's position, k), so that
-    the kernel, the simulator and this reference draw the same ones and every step draws new ones."""
+    """Experts [B, K] drawn uniformly at random for simulated routing: the first ``top_k`` distinct values
+    of the draws j = 0, 1, ... (a hash of layer, the row's position and j), so that the kernel, the
+    simulator and this reference draw the same ones and every step draws new ones. Distinct like a real
+    top-k, so an expert's rows never outnumber the batch. vLLM's ``uniform_random`` simulation draws with
+    torch.randint, repeats allowed, so its stock side reads slightly fewer distinct experts per layer than
+    this (at batch 8, 50.5 against 51.6 of 128 in expectation): the comparison leans against the megakernel."""
     out = torch.empty(positions.shape[0], top_k, dtype=torch.long)
     for b, pos in enumerate(positions.tolist()):
-        for k in range(top_k):
-            x = ((layer * 0x9E3779B1) ^ ((pos & 0xFFFFFFFF) * 0x85EBCA77) ^ (k * 0xC2B2AE3D)) & 0xFFFFFFFF
-            out[b, k] = _fmix32(x) % num_experts
+        chosen: list[int] = []
+        j = 0
+        while len(chosen) < top_k:
+            e = uniform_draw(layer, pos, j, num_experts)
+            if e not in chosen:
+                chosen.append(e)
+            j += 1
+        out[b] = torch.tensor(chosen)
     return out.to(positions.device)
 
 

@@ -7,9 +7,11 @@
 // only when the config says so; North Mini Code: no), and the layer's expert work list: each chosen expert
 // gets a slot in ascending expert order, with its (token * K + k) rows in ascending order; slots past
 // num_active stay empty and the expert tasks of those slots return at once. Padding rows (seq_len 0) are
-// not routed. With the step's uniform_routing set, the k-th expert of a row is a hash of (layer, the row's
-// position, k) modulo the expert count, with weight 1 (reference.uniform_experts; vLLM's uniform_random
-// routing simulation draws torch.randint the same way: uniform, repeats allowed).
+// not routed. With the step's uniform_routing set, a row's experts are the first K distinct values of the
+// draws j = 0, 1, ... (a hash of layer, the row's position and j, modulo the expert count), with weight 1
+// (reference.uniform_experts, which says how this relates to vLLM's uniform_random routing simulation).
+// Distinct like a real top-k: an expert's rows never outnumber the batch, which the route buffer's
+// per-slot row lists and the GEMMs' register tiles rely on.
 #pragma once
 
 #include <math_constants.h>
@@ -53,9 +55,9 @@ __device__ __forceinline__ uint32_t fmix32(uint32_t h) {
   return h ^ (h >> 16);
 }
 
-// reference.uniform_experts: the k-th simulated expert of a row at `position` on `layer`.
-__device__ __forceinline__ int uniform_expert(int layer, long long position, int k) {
-  const uint32_t x = (uint32_t)layer * 0x9E3779B1u ^ (uint32_t)position * 0x85EBCA77u ^ (uint32_t)k * 0xC2B2AE3Du;
+// reference.uniform_draw: the j-th uniform draw of a row at `position` on `layer`.
+__device__ __forceinline__ int uniform_draw(int layer, long long position, int j) {
+  const uint32_t x = (uint32_t)layer * 0x9E3779B1u ^ (uint32_t)position * 0x85EBCA77u ^ (uint32_t)j * 0xC2B2AE3Du;
   return (int)(fmix32(x) % (uint32_t)abi::kNumExperts);
 }
 
@@ -79,10 +81,23 @@ struct RouterTopkOp {
     for (int e = c.thread; e < E; e += kConsumerThreads) sh.count[e] = 0;
     const bool uniform = c.st.i(abi::S_UNIFORM_ROUTING) != 0;
     for (int r = c.warp; r < B && uniform; r += kConsumerWarps) {
+      // Lane l holds draw j0 + l; a draw is taken if no earlier lane drew its value and no expert taken
+      // from an earlier round is it, in lane order, until the row has K (32 draws almost always do).
+      const long long position = c.st.ptr<const long long>(abi::S_POSITIONS)[r];
+      int* row = sh.chosen + r * K;
+      for (int j0 = 0, found = 0; found < K; j0 += 32) {
+        const int e = uniform_draw(layer, position, j0 + c.lane);
+        bool fresh = (__match_any_sync(0xffffffffu, e) & ((1u << c.lane) - 1)) == 0;
+        for (int q = 0; q < found; ++q) fresh &= row[q] != e;
+        const unsigned taken = __ballot_sync(0xffffffffu, fresh);
+        const int k = found + __popc(taken & ((1u << c.lane) - 1));
+        if (fresh && k < K) row[k] = e;
+        found += __popc(taken);
+        __syncwarp();  // this round's choices are read by the next one
+      }
       if (c.lane < K) {
-        const int e = uniform_expert(layer, c.st.ptr<const long long>(abi::S_POSITIONS)[r], c.lane);
-        sh.chosen[r * K + c.lane] = c.st.seq_len(r) > 0 ? e : -1;
-        if (route_log) route_log[((long long)layer * B + r) * K + c.lane] = e;
+        if (route_log) route_log[((long long)layer * B + r) * K + c.lane] = row[c.lane];
+        if (c.st.seq_len(r) == 0) row[c.lane] = -1;  // padding rows are not routed
         topk_w[r * K + c.lane] = 1.f;
       }
     }

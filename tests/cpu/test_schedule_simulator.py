@@ -424,9 +424,10 @@ def test_claimed_expert_tasks_each_run_once_in_their_waves_places_and_race_free(
 
 
 
-def test_uniform_experts_are_uniform_with_repeats_and_new_every_step():
+def test_uniform_experts_are_uniform_distinct_and_new_every_step():
     """reference.uniform_experts stands in for vLLM's torch.randint routing: every expert about equally
-    often, repeats within a row allowed, a different draw per position and per layer."""
+    often, K distinct experts per row (so an expert's rows never outnumber the batch), a different draw per
+    position and per layer."""
     E, K = 128, 8
     pos = torch.arange(4096)
     draws = ref.uniform_experts(3, pos, K, E)
@@ -434,7 +435,11 @@ def test_uniform_experts_are_uniform_with_repeats_and_new_every_step():
     expected = draws.numel() / E  # 256
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 200  # 127 degrees of freedom: mean 127, sd ~16
-    assert any(len(set(row.tolist())) < K for row in draws)  # with replacement, like randint
+    assert all(len(set(row.tolist())) == K for row in draws)
+    # the first K distinct draws: the rows whose first K draws repeated took later ones
+    firsts = torch.tensor([[ref.uniform_draw(3, p, j, E) for j in range(K)] for p in range(4096)])
+    assert (firsts != draws).any(dim=1).sum() > 100  # ~20% of rows repeat within 8 draws of 128
+    assert bool(((firsts == draws) | (firsts != draws).cumsum(1).bool()).all())  # a row agrees up to its first repeat
     assert (ref.uniform_experts(3, pos + 1, K, E) != draws).float().mean() > 0.9
     assert (ref.uniform_experts(4, pos, K, E) != draws).float().mean() > 0.9
 
