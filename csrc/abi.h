@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 6;
+constexpr int kAbiVersion = 7;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -29,6 +29,16 @@ enum Op : int {
 constexpr bool waits_only_if_work(int op) {
   return op == OP_ATTN_PARTIAL;
 }
+
+// Opcodes whose descriptors the producer completes from the layer's routing (abi.ROUTED_OPS).
+constexpr bool routed_descriptor(int op) {
+  return op == OP_MOE_UPGATE || op == OP_MOE_DOWN;
+}
+constexpr int kRoutedPairWords = 16;
+constexpr int F_ROUTED_SLOT = 10;
+constexpr int F_ROUTED_EXPERT = 14;
+constexpr int F_ROUTED_COUNT = 15;
+constexpr int F_ROUTED_PAIR0 = 16;
 
 // Header words, common to every opcode.
 constexpr int F_OPCODE = 0;
@@ -77,11 +87,47 @@ constexpr int F_MOE_UPGATE_SLOT = 10;
 constexpr int F_MOE_UPGATE_COL0 = 11;
 constexpr int F_MOE_UPGATE_COLS = 12;
 constexpr int F_MOE_UPGATE_CLAIM = 13;
+constexpr int F_MOE_UPGATE_EXPERT = 14;
+constexpr int F_MOE_UPGATE_COUNT = 15;
+constexpr int F_MOE_UPGATE_PAIR0 = 16;
+constexpr int F_MOE_UPGATE_PAIR1 = 17;
+constexpr int F_MOE_UPGATE_PAIR2 = 18;
+constexpr int F_MOE_UPGATE_PAIR3 = 19;
+constexpr int F_MOE_UPGATE_PAIR4 = 20;
+constexpr int F_MOE_UPGATE_PAIR5 = 21;
+constexpr int F_MOE_UPGATE_PAIR6 = 22;
+constexpr int F_MOE_UPGATE_PAIR7 = 23;
+constexpr int F_MOE_UPGATE_PAIR8 = 24;
+constexpr int F_MOE_UPGATE_PAIR9 = 25;
+constexpr int F_MOE_UPGATE_PAIR10 = 26;
+constexpr int F_MOE_UPGATE_PAIR11 = 27;
+constexpr int F_MOE_UPGATE_PAIR12 = 28;
+constexpr int F_MOE_UPGATE_PAIR13 = 29;
+constexpr int F_MOE_UPGATE_PAIR14 = 30;
+constexpr int F_MOE_UPGATE_PAIR15 = 31;
 // MOE_DOWN
 constexpr int F_MOE_DOWN_SLOT = 10;
 constexpr int F_MOE_DOWN_ROW0 = 11;
 constexpr int F_MOE_DOWN_ROWS = 12;
 constexpr int F_MOE_DOWN_CLAIM = 13;
+constexpr int F_MOE_DOWN_EXPERT = 14;
+constexpr int F_MOE_DOWN_COUNT = 15;
+constexpr int F_MOE_DOWN_PAIR0 = 16;
+constexpr int F_MOE_DOWN_PAIR1 = 17;
+constexpr int F_MOE_DOWN_PAIR2 = 18;
+constexpr int F_MOE_DOWN_PAIR3 = 19;
+constexpr int F_MOE_DOWN_PAIR4 = 20;
+constexpr int F_MOE_DOWN_PAIR5 = 21;
+constexpr int F_MOE_DOWN_PAIR6 = 22;
+constexpr int F_MOE_DOWN_PAIR7 = 23;
+constexpr int F_MOE_DOWN_PAIR8 = 24;
+constexpr int F_MOE_DOWN_PAIR9 = 25;
+constexpr int F_MOE_DOWN_PAIR10 = 26;
+constexpr int F_MOE_DOWN_PAIR11 = 27;
+constexpr int F_MOE_DOWN_PAIR12 = 28;
+constexpr int F_MOE_DOWN_PAIR13 = 29;
+constexpr int F_MOE_DOWN_PAIR14 = 30;
+constexpr int F_MOE_DOWN_PAIR15 = 31;
 // MOE_COMBINE
 constexpr int F_MOE_COMBINE_COL0 = 10;
 constexpr int F_MOE_COMBINE_COLS = 11;

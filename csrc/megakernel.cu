@@ -133,22 +133,12 @@ __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, c
     const int slot = i % kDescSlots;
     if (!pipe.wait(&pipe.desc_empty[slot], ((i / kDescSlots) & 1) ^ 1)) return;
     const int op = __shfl_sync(0xffffffffu, word, 0);
-    const int counter = claim_counter(op, word);
-    if (counter != abi::kNoBarrier) {
-      // A claiming expert task: which task it becomes is decided here, before the consumers see the
-      // descriptor. The claim waits for the layer's routing first, which the task's load needs anyway (so
-      // an SM takes work only once it can stream it), and takes the next number of the wave.
-      pipe.desc[slot][lane] = word;  // for the error record of a stalled wait
-      __syncwarp();
-      int n = 0;
-      if (lane == 0) {
-        const Task t{pipe.desc[slot], layer_of(layer_table, pipe.desc[slot])};
-        n = p.load_wait(t) ? atomicAdd(&barriers[counter], 1) : -1;
-      }
-      n = __shfl_sync(0xffffffffu, n, 0);
-      if (n < 0) return;
-      word = claimed_word(op, word, n);
-      __syncwarp();  // lane 0 is done reading the placeholder's words before they are rewritten
+    // An expert task's descriptor is finished here, before the consumers see it: which tile it runs (a
+    // claim, taken when the producer reaches the place) and the slot's routing (ops/moe.cuh). This waits
+    // for the layer's routing, which the task's loads need anyway.
+    if (abi::routed_descriptor(op)) {
+      const Layer ly{layer_table + (long long)__shfl_sync(0xffffffffu, word, abi::F_LAYER) * abi::kLayerWords};
+      if (!complete_routed_descriptor(p, pipe.desc[slot], ly, op, word)) return;
     }
     pipe.desc[slot][lane] = word;
     ptx::mbarrier_arrive(&pipe.desc_full[slot]);  // release: the consumers see the word once the phase completes

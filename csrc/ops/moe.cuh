@@ -1,11 +1,17 @@
 // MOE_UPGATE, MOE_DOWN, MOE_COMBINE: the routed experts over ROUTER_TOPK's work list.
 //
 // Rows are (token * K + k) pairs, so every (token, expert) pair owns one row of act and expert_out and no
-// two tasks write the same row. Which expert a slot holds is this step's data: the producer waits on the
-// layer's routing (the descriptor's load_wait) before it can stream the expert's weights, and both sides
-// read the same route words after that wait, so they agree on whether the slot has work at all. An expert
-// task whose slot is past num_active loads and computes nothing; it still signals its barrier (the host
-// derived the counts from the slot count, not from routing).
+// two tasks write the same row. Which expert a slot holds is this step's data: before the consumers see an
+// expert task's descriptor, the producer waits on the layer's routing (the descriptor's load_wait) and
+// writes the slot's expert, row count and rows into the descriptor (complete_routed_descriptor, abi's
+// routed descriptors); both sides then read only those words, so they agree on whether the slot has work
+// at all. An expert task whose slot is past num_active loads and computes nothing; it still signals its
+// barrier (the host derived the counts from the slot count, not from routing).
+//
+// The up/gate task's activation rows (hn of the slot's tokens) come through the stage ring as the task's
+// first stage when they fit one (at most kStagedRows rows): the producer copies them once the routing is
+// in, so the consumers start on shared memory instead of a round trip to L2. The down task's rows (act,
+// written by the slot's up/gate tasks, which only the consumers wait for) are gathered by the consumers.
 //
 // Claimed expert tasks (abi.py, the `claim` field): the producer takes the task's number n in its wave
 // from the wave's counter and rewrites the descriptor into the wave's n-th task before the consumers see
@@ -52,6 +58,62 @@ __device__ __forceinline__ int claimed_word(int op, int word, int n) {
   return word;
 }
 
+// The producer warp's completion of a routed (expert) task's descriptor, in place in the descriptor ring;
+// every lane calls it with its word of the descriptor and gets its final word back. A claiming task takes
+// its number first: the number does not depend on the routing, so its round trip overlaps the wait. Then
+// lane 0 waits for the layer's routing and reads the slot's route words in one round trip (every load
+// issued before the first is used). False if the step is being aborted.
+__device__ __forceinline__ bool complete_routed_descriptor(Producer& p, int* desc, const Layer& ly, int op,
+                                                           int& word) {
+  const int lane = Role::lane();
+  const int counter = claim_counter(op, word);
+  desc[lane] = word;
+  __syncwarp();
+  int n = 0;
+  if (lane == 0) {
+    if (counter != abi::kNoBarrier) n = atomicAdd(&p.barriers[counter], 1);
+    if (!p.load_wait(Task{desc, ly})) n = -1;
+  }
+  n = __shfl_sync(0xffffffffu, n, 0);
+  if (n < 0) return false;
+  if (counter != abi::kNoBarrier) word = claimed_word(op, word, n);
+  desc[lane] = word;
+  __syncwarp();
+  if (lane == 0) {
+    const int slot = desc[abi::F_ROUTED_SLOT], B = p.st.batch();
+    const int active = p.st.route()[0], expert = p.st.slot_expert()[slot], count = p.st.slot_count()[slot];
+    const int* rows = p.st.slot_rows(slot);
+    int pair[abi::kRoutedPairWords];
+#pragma unroll
+    for (int j = 0; j < abi::kRoutedPairWords; ++j) pair[j] = j < B ? rows[j] : 0;
+    const bool live = slot < active;
+    desc[abi::F_ROUTED_EXPERT] = live ? expert : -1;
+    desc[abi::F_ROUTED_COUNT] = live ? count : 0;
+#pragma unroll
+    for (int j = 0; j < abi::kRoutedPairWords; ++j) desc[abi::F_ROUTED_PAIR0 + j] = pair[j];
+  }
+  __syncwarp();
+  word = desc[lane];
+  return true;
+}
+
+// A routed task's (token * K + k) rows: from its descriptor when they fit there, else the route buffer.
+__device__ __forceinline__ const int* routed_rows(const Step& st, const Task& t, int count) {
+  return count <= abi::kRoutedPairWords ? t.d + abi::F_ROUTED_PAIR0 : st.slot_rows(t[abi::F_ROUTED_SLOT]);
+}
+
+// Up/gate activation rows staged by the producer: at most one stage of hidden-wide rows.
+constexpr int kStagedRows = kStageBytes / (abi::kHidden * 2);
+static_assert(kStagedRows >= 1, "a stage holds at least one hidden-wide row");
+
+// Rows of a staged activation tile: row b at stage + b * K (nullptr past `count`: a zero row).
+template <int K>
+struct StagedRows {
+  const bf16* stage;
+  int count;
+  __device__ const bf16* row(int b) const { return b < count ? stage + (long long)b * K : nullptr; }
+};
+
 struct MoeUpgateOp {
   static constexpr int K = abi::kHidden, RS = abi::kMoeUpStageRows, I = abi::kMoeIntermediate;
   struct Shared {
@@ -59,23 +121,41 @@ struct MoeUpgateOp {
   };
 
   static __device__ bool load(Producer& p, const Task& t) {
-    if (!p.load_wait(t)) return false;
-    const int slot = t[abi::F_MOE_UPGATE_SLOT];
-    if (slot >= p.st.route()[0]) return true;
+    const int expert = t[abi::F_ROUTED_EXPERT], count = t[abi::F_ROUTED_COUNT];
+    if (expert < 0) return true;
+    if (count <= kStagedRows) {  // the activation rows first: the consumers read them before any weight
+      const bf16* hn = p.st.ptr<const bf16>(abi::S_HN);
+      const int* rows = t.d + abi::F_ROUTED_PAIR0;
+      uint8_t* dst = p.stages.begin(count * K * 2);
+      if (!dst) return false;
+      for (int b = 0; b < count; ++b) p.stages.copy(dst + b * K * 2, hn + (long long)(rows[b] / abi::kTopK) * K, K * 2);
+      p.stages.end();
+    }
     const int col0 = t[abi::F_MOE_UPGATE_COL0], cols = t[abi::F_MOE_UPGATE_COLS];
-    const bf16* w = t.ly.ptr<const bf16>(abi::L_W13) + (long long)p.st.slot_expert()[slot] * 2 * I * K;
+    const bf16* w = t.ly.ptr<const bf16>(abi::L_W13) + (long long)expert * 2 * I * K;
     return load_weight_rows<K, RS>(p, w + (long long)col0 * K, cols) &&
            load_weight_rows<K, RS>(p, w + (long long)(I + col0) * K, cols);
   }
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
-    const int slot = t[abi::F_MOE_UPGATE_SLOT];
-    if (slot >= c.st.route()[0]) return true;
+    const int count = t[abi::F_ROUTED_COUNT];
+    if (t[abi::F_ROUTED_EXPERT] < 0) return true;
     const int col0 = t[abi::F_MOE_UPGATE_COL0], cols = t[abi::F_MOE_UPGATE_COLS], R = 2 * cols;
-    const int count = c.st.slot_count()[slot], bp = padded_rows(count);
-    const int* rows = c.st.slot_rows(slot);
-    const GatheredRows src{c.st.ptr<const bf16>(abi::S_HN), K, count, rows, abi::kTopK};
-    if (!gemm_task<K, RS>(c, src, count, R, sh.part)) return false;
+    const int bp = padded_rows(count);
+    const int* rows = routed_rows(c.st, t, count);
+    bool ok;
+    if (count <= kStagedRows) {
+      const uint8_t* stage = c.stages.wait();
+      if (!stage) return false;
+      ActTile<K, 1> a;
+      a.load(StagedRows<K>{reinterpret_cast<const bf16*>(stage), count}, 0, c.warp, c.lane);
+      c.stages.release();
+      ok = gemm_stages<K, RS, 1>(c, a, R / RS, sh.part, R, bp);
+    } else {
+      const GatheredRows src{c.st.ptr<const bf16>(abi::S_HN), K, count, rows, abi::kTopK};
+      ok = gemm_task<K, RS>(c, src, count, R, sh.part);
+    }
+    if (!ok) return false;
     bf16* act = c.st.ptr<bf16>(abi::S_ACT) + col0;
     store_silu_mul(c, sh.part, cols, count, bp, [&](int b) { return act + (long long)rows[b] * I; });
     return true;
@@ -89,20 +169,17 @@ struct MoeDownOp {
   };
 
   static __device__ bool load(Producer& p, const Task& t) {
-    if (!p.load_wait(t)) return false;
-    const int slot = t[abi::F_MOE_DOWN_SLOT];
-    if (slot >= p.st.route()[0]) return true;
-    const bf16* w = t.ly.ptr<const bf16>(abi::L_W2) +
-                    ((long long)p.st.slot_expert()[slot] * abi::kHidden + t[abi::F_MOE_DOWN_ROW0]) * K;
+    const int expert = t[abi::F_ROUTED_EXPERT];
+    if (expert < 0) return true;
+    const bf16* w = t.ly.ptr<const bf16>(abi::L_W2) + ((long long)expert * abi::kHidden + t[abi::F_MOE_DOWN_ROW0]) * K;
     return load_weight_rows<K, RS>(p, w, t[abi::F_MOE_DOWN_ROWS]);
   }
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
-    const int slot = t[abi::F_MOE_DOWN_SLOT];
-    if (slot >= c.st.route()[0]) return true;
+    if (t[abi::F_ROUTED_EXPERT] < 0) return true;
     const int row0 = t[abi::F_MOE_DOWN_ROW0], R = t[abi::F_MOE_DOWN_ROWS];
-    const int count = c.st.slot_count()[slot], bp = padded_rows(count);
-    const int* rows = c.st.slot_rows(slot);
+    const int count = t[abi::F_ROUTED_COUNT], bp = padded_rows(count);
+    const int* rows = routed_rows(c.st, t, count);
     const GatheredRows src{c.st.ptr<const bf16>(abi::S_ACT), K, count, rows, 1};
     if (!gemm_task<K, RS>(c, src, count, R, sh.part)) return false;
     bf16* eout = c.st.ptr<bf16>(abi::S_EOUT) + row0;

@@ -95,6 +95,12 @@ __device__ void load_normed(ActTile<abi::kHidden, MH>& a, const Consumer& c, con
   using Tile = ActTile<abi::kHidden, MH>;
   const int B = c.st.batch(), layer = t.layer(), g = c.lane >> 2;
   const auto col = [&](int k) { return Tile::col(c.warp, c.lane, k); };
+  // The norm weights of this lane's columns, issued with the residual loads below: one round trip to L2
+  // for both (issued after them, they were a second one on every layer's critical path).
+  const bf16* w = t.ly.ptr<const bf16>(abi::L_NORM_W);
+  uint4 wv[Tile::KCH];
+#pragma unroll
+  for (int k = 0; k < Tile::KCH; ++k) wv[k] = __ldg(reinterpret_cast<const uint4*>(w + col(k)));
 #pragma unroll
   for (int h = 0; h < MH; ++h) {
     const int b = g + 8 * h;
@@ -112,11 +118,6 @@ __device__ void load_normed(ActTile<abi::kHidden, MH>& a, const Consumer& c, con
     ss += __shfl_xor_sync(0xffffffffu, ss, 2);
     if ((c.lane & 3) == 0) sh.sumsq[c.warp][b] = ss;
   }
-  // The norm weights of this lane's columns, fetched while the sums of squares are gathered.
-  const bf16* w = t.ly.ptr<const bf16>(abi::L_NORM_W);
-  uint4 wv[Tile::KCH];
-#pragma unroll
-  for (int k = 0; k < Tile::KCH; ++k) wv[k] = __ldg(reinterpret_cast<const uint4*>(w + col(k)));
   consumer_sync();
   const float eps = (float)c.st.f64(abi::S_EPS_F64);
 #pragma unroll

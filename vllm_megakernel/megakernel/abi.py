@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -69,6 +69,15 @@ HEADER_FIELDS = (
 # task index. The wave's tasks stay the same set, so every barrier target holds; only which SM runs which
 # changes: an SM that reaches its expert tasks early takes more of them, starting with the slots routed
 # to, and one that arrives late finds the empty slots' tasks left.
+#
+# Routed descriptors (``ROUTED_OPS``, the expert tasks): their last words are not written by the host. The
+# producer warp completes them from the layer's routing before the consumers see the descriptor (after its
+# claim, when the task claims, and its wait on the routing): ``expert`` (-1: the slot is past the routed
+# count, the task has no work), ``count`` (the slot's (token * K + k) rows) and, when count <=
+# ROUTED_PAIR_WORDS, the rows themselves in ``pair0``... (ascending). Neither side then reads the route
+# buffer again: the producer's one round trip for these words replaces two or three on each side.
+ROUTED_PAIR_WORDS = 16
+ROUTED_FIELDS = ("expert", "count") + tuple(f"pair{i}" for i in range(ROUTED_PAIR_WORDS))
 OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.END: (),
     Op.NORM: ("row0", "rows", "final"),
@@ -80,10 +89,12 @@ OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.O_PROJ: ("row0", "rows"),
     Op.DENSE_UPGATE: ("col0", "cols", "norm"),
     Op.DENSE_DOWN: ("row0", "rows"),
-    Op.MOE_UPGATE: ("slot", "col0", "cols", "claim"),
-    Op.MOE_DOWN: ("slot", "row0", "rows", "claim"),
+    Op.MOE_UPGATE: ("slot", "col0", "cols", "claim") + ROUTED_FIELDS,
+    Op.MOE_DOWN: ("slot", "row0", "rows", "claim") + ROUTED_FIELDS,
     Op.MOE_COMBINE: ("col0", "cols"),
 }
+
+ROUTED_OPS = frozenset({Op.MOE_UPGATE, Op.MOE_DOWN})
 
 # Opcodes whose tasks may have nothing to do on a step's live data (an attention split past the end of its
 # request's visible keys). The op struct declares `has_work(step, task)`, read only from what the host wrote
@@ -177,6 +188,12 @@ KERNEL = {
 for _op in Op:
     assert _op in OP_FIELDS, f"{_op.name} has no field list"
     assert len(HEADER_FIELDS) + len(OP_FIELDS[_op]) <= TASK_WORDS, _op.name
+# the routed words and the slot sit at the same word in every routed opcode (the producer fills them
+# without knowing which one it holds)
+for _op in ROUTED_OPS:
+    assert OP_FIELDS[_op][0] == "slot" and OP_FIELDS[_op][-len(ROUTED_FIELDS):] == ROUTED_FIELDS, _op.name
+    assert len(OP_FIELDS[_op]) == len(OP_FIELDS[Op.MOE_UPGATE]), _op.name
+assert ROUTED_PAIR_WORDS >= KERNEL["register_batch"], "a slot's rows at the register batch fit the descriptor"
 
 
 def field_index(op: Op, name: str) -> int:
@@ -194,7 +211,7 @@ def encode(op: Op, layer: int, waits: list[tuple[int, int]], signal: int, task_i
     """One descriptor as TASK_WORDS ints; unknown or missing op fields raise."""
     if len(waits) > 2:
         raise ValueError(f"{op.name}: at most 2 waits, got {len(waits)}")
-    missing = set(OP_FIELDS[op]) - set(fields)
+    missing = set(OP_FIELDS[op]) - set(fields) - (set(ROUTED_FIELDS) if op in ROUTED_OPS else set())
     if missing:
         raise ValueError(f"{op.name}: missing fields {sorted(missing)}")
     words = [0] * TASK_WORDS
@@ -238,6 +255,15 @@ def render_header() -> str:
     lines += ["};", "", "// Opcodes whose tasks skip their input waits when has_work() says they have nothing to do."]
     lines += ["constexpr bool waits_only_if_work(int op) {",
               "  return " + " || ".join(f"op == OP_{op.name}" for op in sorted(WAITS_ONLY_IF_WORK)) + ";", "}"]
+    lines += ["", "// Opcodes whose descriptors the producer completes from the layer's routing (abi.ROUTED_OPS)."]
+    lines += ["constexpr bool routed_descriptor(int op) {",
+              "  return " + " || ".join(f"op == OP_{op.name}" for op in sorted(ROUTED_OPS)) + ";", "}"]
+    first = min(ROUTED_OPS)
+    lines += [f"constexpr int kRoutedPairWords = {ROUTED_PAIR_WORDS};",
+              f"constexpr int F_ROUTED_SLOT = {field_index(first, 'slot')};",
+              f"constexpr int F_ROUTED_EXPERT = {field_index(first, 'expert')};",
+              f"constexpr int F_ROUTED_COUNT = {field_index(first, 'count')};",
+              f"constexpr int F_ROUTED_PAIR0 = {field_index(first, 'pair0')};"]
     lines += ["", "// Header words, common to every opcode."]
     lines += [f"constexpr int F_{name.upper()} = {i};" for i, name in enumerate(HEADER_FIELDS)]
     for op in Op:

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_megakernel.megakernel import layout
-from vllm_megakernel.megakernel.abi import KERNEL, NO_BARRIER
+from vllm_megakernel.megakernel.abi import KERNEL, NO_BARRIER, ROUTED_OPS
 from vllm_megakernel.megakernel.runtime import workspace_dtype
 from vllm_megakernel.megakernel.schedule import Schedule, Task
 from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route, uniform_experts
@@ -70,10 +70,11 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
 
     Each SM has a producer too, as in the kernel: it takes the SM's places in order, at most
     ``DESC_SLOTS`` ahead of the consumers (the descriptor ring), and cannot get past a place whose
-    ``load_wait`` barrier is incomplete (a claiming place: before it claims; any other: after publishing
-    it, while it loads). A consumer runs a place only once the producer has published it. A claiming
-    expert task (``Task.claim``) takes the next task of its wave from the wave's counter when the producer
-    reaches it, and that task runs there (its waits, its signal). How far ahead producers run is the
+    ``load_wait`` barrier is incomplete (a routed expert task, abi.ROUTED_OPS: before publishing it, since
+    it completes the descriptor from the routing; any other: after publishing it, while it loads). A
+    consumer runs a place only once the producer has published it. A claiming expert task
+    (``Task.claim``) takes the next task of its wave from the wave's counter when the producer reaches
+    it, before the routing wait, and that task runs there (its waits, its signal). How far ahead producers run is the
     order's choice -- as far as they can (``round_robin``), only to the consumer's next place
     (``reverse``), a random distance each time (``random``) -- each a legal behaviour of the kernel's
     producers. ``placed``, when given, receives each SM's list as it ran, claimed tasks in their places.
@@ -91,6 +92,7 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     pcs = [0] * n  # the consumers' next place
     published = [0] * n  # places the producer has published (and claimed, where claiming)
     producer_blocked = [NO_BARRIER] * n  # the load_wait barrier a producer last stopped on
+    claimed_place = [-1] * n  # the last place each producer took a claim for
     rng = random.Random(seed)
     done: list[int] = []
     remaining = sum(len(t) for t in lists)
@@ -109,14 +111,17 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
         reach = DESC_SLOTS if order == "round_robin" else 1 if order == "reverse" else rng.randint(1, DESC_SLOTS)
         lst = lists[sm]
         while published[sm] < min(len(lst), pcs[sm] + reach):
-            task = schedule.tasks[lst[published[sm]]]
-            if task.claim != NO_BARRIER:
-                if not complete(task.load_wait):  # the claim waits for the layer's routing
-                    producer_blocked[sm] = task.load_wait
-                    producers_waiting[task.load_wait].append(sm)
-                    return
-                lst[published[sm]] = claimable[task.claim][claimed[task.claim]]
+            place = published[sm]
+            task = schedule.tasks[lst[place]]
+            if task.claim != NO_BARRIER and claimed_place[sm] != place:  # claimed on reaching the place
+                lst[place] = claimable[task.claim][claimed[task.claim]]
                 claimed[task.claim] += 1
+                claimed_place[sm] = place
+            routed = task.op in ROUTED_OPS  # its descriptor is completed from the routing before publishing
+            if routed and not complete(task.load_wait):
+                producer_blocked[sm] = task.load_wait
+                producers_waiting[task.load_wait].append(sm)
+                return
             published[sm] += 1
             if not complete(task.load_wait):  # published; the producer is stuck in its loads
                 producer_blocked[sm] = task.load_wait
