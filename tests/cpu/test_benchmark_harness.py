@@ -178,7 +178,7 @@ def test_uniform_routing_simulates_both_sides_and_its_sol_uses_the_uniform_formu
     result["env"]["routing_simulation"] = "uniform_random (both sides)"
     table = report.markdown(result)
     assert table.startswith("**Routing simulated** (uniform_random (both sides))")
-    assert "the megakernel draws its experts the same way" in table
+    assert "the megakernel draws its experts from a hash instead of torch.randint, distinct within a row" in table
     uniform8 = expected_distinct_experts(config["num_experts"], config["num_experts_per_tok"], 8)
     assert f"| 8 | 8K | 1600 (1568-1616) | 2400 (2352-2424) | 1.50x | {uniform8:.1f} (uniform) |" in table
     assert "Routing simulated" not in report.markdown(recorded(config))
