@@ -62,7 +62,8 @@ __device__ __forceinline__ int claimed_word(int op, int word, int n) {
 // every lane calls it with its word of the descriptor and gets its final word back. A claiming task takes
 // its number first: the number does not depend on the routing, so its round trip overlaps the wait. Then
 // lane 0 waits for the layer's routing and reads the slot's route words in one round trip (every load
-// issued before the first is used). False if the step is being aborted.
+// issued before the first is used). A wait of the consumers' on the routing is then dropped from the
+// descriptor. False if the step is being aborted.
 __device__ __forceinline__ bool complete_routed_descriptor(Producer& p, int* desc, const Layer& ly, int op,
                                                            int& word) {
   const int lane = Role::lane();
@@ -87,6 +88,11 @@ __device__ __forceinline__ bool complete_routed_descriptor(Producer& p, int* des
 #pragma unroll
     for (int j = 0; j < abi::kRoutedPairWords; ++j) pair[j] = j < B ? rows[j] : 0;
     const bool live = slot < active;
+    // An input wait on the routing is already satisfied (this thread acquired it, and the consumers see the
+    // descriptor after this): drop it, sparing the consumer leader a round trip to L2.
+    if (desc[abi::F_WAIT0_BARRIER] == desc[abi::F_LOAD_WAIT_BARRIER] &&
+        desc[abi::F_WAIT0_COUNT] <= desc[abi::F_LOAD_WAIT_COUNT])
+      desc[abi::F_WAIT0_BARRIER] = abi::kNoBarrier;
     desc[abi::F_ROUTED_EXPERT] = live ? expert : -1;
     desc[abi::F_ROUTED_COUNT] = live ? count : 0;
 #pragma unroll

@@ -132,6 +132,7 @@ struct RouterTopkOp {
       }
       if (c.lane < K) topk_w[r * K + c.lane] = renorm ? mine / total : mine;
     }
+    c.mark_inputs();  // the trace's phase marks: rows chosen here, the work list below
     consumer_sync();
     for (int p = c.thread; p < B * K; p += kConsumerThreads)
       if (sh.chosen[p] >= 0) atomicAdd(&sh.count[sh.chosen[p]], 1);
@@ -153,6 +154,7 @@ struct RouterTopkOp {
       }
       if (c.lane == 0) c.st.route()[0] = base;
     }
+    c.mark_stages();
     consumer_sync();
     // Each expert's rows, ascending: pair p's place among its expert's pairs is the number of earlier
     // pairs with the same expert (at most B * K reads of shared memory per pair, no global loads).

@@ -3,6 +3,8 @@ conflicting access ordered, and the step computed task by task equal to the refe
 
 import dataclasses
 
+from collections import defaultdict
+
 import pytest
 import torch
 
@@ -466,22 +468,31 @@ def test_step_with_uniform_routing_matches_the_reference(dims, weights, batch):
 
 
 @pytest.mark.parametrize("batch, order", [(1, "random"), (3, "reverse")])
-def test_slack_slots_run_empty_and_leave_the_step_unchanged(dims, weights, batch, order):
-    """Expert slots beyond the most the routing can fill only add empty places for claims to skip: same
-    output as without them, barrier counts exact, no race."""
+def test_dealing_by_layer_puts_every_layers_routing_on_the_same_sms(dims, weights, batch, order):
+    """StepShape.deal="by_layer" (the default) restarts the round-robin at SM 0 on every layer: each layer's
+    router tasks and top-k sit on the same SMs, every SM's list stays in step order, and the step is the
+    same as dealt continuously, deadlock- and race-free either way."""
     gen = torch.Generator().manual_seed(batch)
     lengths = [5, 9, 2][:batch]
     sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
     sim.fill_history(lengths, generator=gen)
     inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
     shape = dict(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1)
-    plain = build_schedule(dims, StepShape(**shape), *weights.intermediates())
-    slack = build_schedule(dims, StepShape(**shape, expert_slack_slots=3), *weights.intermediates())
-    up = lambda s: sum(t.op == Op.MOE_UPGATE for t in s.tasks)  # noqa: E731
-    assert up(slack) > up(plain)
-    simulate.check_races(slack, order=order, seed=batch)
-    got = simulate.decode_step(slack, weights, clone_inputs(inp), order=order, seed=batch)
+    plain = build_schedule(dims, StepShape(**shape, deal="continuous"), *weights.intermediates())
+    by_layer = build_schedule(dims, StepShape(**shape), *weights.intermediates())
+    def routing_places(s):  # per MoE layer: (wave, SM) of its router tasks and top-k, in task order
+        places = defaultdict(list)
+        for t in s.tasks:
+            if t.wave in ("router", "router_topk"):
+                places[t.layer].append((t.wave, t.sm))
+        return {tuple(p) for p in places.values()}
+
+    assert len(routing_places(by_layer)) == 1 < len(routing_places(plain))
+    assert all(lst == sorted(lst) for lst in by_layer.sm_tasks)
+    simulate.check_races(by_layer, order=order, seed=batch)
+    simulate.check_races(plain, order=order, seed=batch)
+    got = simulate.decode_step(by_layer, weights, clone_inputs(inp), order=order, seed=batch)
     want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
-    with pytest.raises(ValueError, match="only with expert_claims"):
-        StepShape(**shape, expert_slack_slots=1, expert_claims=False)
+    with pytest.raises(ValueError, match="deal="):
+        StepShape(**shape, deal="random")

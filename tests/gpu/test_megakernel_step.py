@@ -37,7 +37,7 @@ def compare(got, expected, live):
 
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
-             bulk_fill=False, expert_claims=True, expert_slack_slots=0):
+             bulk_fill=False, expert_claims=True, deal="by_layer"):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN."""
     from vllm_megakernel import reference as ref
@@ -57,7 +57,7 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
     inp = sim.step(toks)
     mk_inp = dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=min_tiles,
-                                           expert_claims=expert_claims, expert_slack_slots=expert_slack_slots),
+                                           expert_claims=expert_claims, deal=deal),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -165,12 +165,12 @@ def test_uniform_routing_draws_the_references_experts_with_weight_one(wide, batc
 
 
 @pytest.mark.parametrize("batch, lengths", [(1, [3000]), (3, [5000, 300, 9000])])
-def test_slack_expert_slots_leave_the_step_matching_the_reference(wide, batch, lengths):
-    """Empty slots added to the expert waves (StepShape.expert_slack_slots) only add places that claim
-    nothing: the step still matches the reference."""
+def test_tasks_dealt_continuously_leave_the_step_matching_the_reference(wide, batch, lengths):
+    """Round-robin over the whole step instead of restarting at every layer (StepShape.deal="continuous")
+    moves tasks between SMs only: the step still matches the reference."""
     dims, w = wide
-    (cos, err), _ = one_step(dims, w, lengths, batch, 8, expert_slack_slots=6)
-    print(f"batch {batch} with 6 slack slots: min cosine {cos:.6f}, max rel err {err:.4f}")
+    (cos, err), _ = one_step(dims, w, lengths, batch, 8, deal="continuous")
+    print(f"batch {batch} dealt continuously: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
 def test_wide_step_at_128k_context(wide):

@@ -73,6 +73,7 @@ WAVE_ORDERS = {
                                "mlp_down", "moe_combine"),
 }
 MOE_ONLY_WAVES = ("router", "router_topk", "moe_combine")
+DEALS = ("by_layer", "continuous")  # StepShape.deal
 UNIT = 16  # columns per region unit of the hidden-wide outputs o and mlp
 COMBINE_COLS = 128  # columns per MOE_COMBINE task
 
@@ -85,10 +86,12 @@ class StepShape:
     "wave": a norm wave, "fold": folded), GEMM task sizes (``tiles``: (GemmTiles field, value) pairs that
     replace layout.gemm_tiles' choice), the order of a layer's waves (a WAVE_ORDERS key), whether the
     expert tasks are claimed from a per-wave counter (abi's ``claim`` field) or run the tile they were
-    dealt, and ``expert_slack_slots``: slots added to every MoE layer's expert waves beyond the most the
-    routing can fill. Their tasks only ever run empty (claims hand out the routed slots first), but they
-    give every SM more expert places, so the SMs that come for work early can take more of it and the late
-    ones find empty tasks."""
+    dealt, and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
+    layer ("by_layer"), so that a layer's router tasks and top-k run on the same SMs every layer and its
+    qkv tasks on the SMs after them, or round-robin over the whole step ("continuous"). Dealt by layer,
+    the router and top-k code stays in those SMs' instruction caches: router tasks 11.0 -> 9.0 us and
+    the top-k 7.0 -> 6.0 us at batch 1, the step -4% at batch 1, -2% at 2, -1% at 4, +1% at 8 (within the
+    spread; benchmarks/results/h200-2026-12-01-v2-deal-by-layer)."""
 
     batch: int
     num_sms: int
@@ -99,16 +102,15 @@ class StepShape:
     tiles: tuple[tuple[str, int], ...] = ()
     order: str = "default"
     expert_claims: bool = True
-    expert_slack_slots: int = 0
+    deal: str = "by_layer"
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
             raise ValueError(f"order={self.order!r}: one of {sorted(WAVE_ORDERS)}")
         if self.norm not in ("auto", "wave", "fold") or (self.norm == "fold" and self.batch > layout.REGISTER_BATCH):
             raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
-        if self.expert_slack_slots < 0 or (self.expert_slack_slots and not self.expert_claims):
-            raise ValueError("expert_slack_slots: a count >= 0, and only with expert_claims (slack slots are empty "
-                             "places for claims to skip)")
+        if self.deal not in DEALS:
+            raise ValueError(f"deal={self.deal!r}: one of {DEALS}")
         if self.batch < 1 or self.num_sms < 1 or self.attn_splits < 0 or self.attn_min_tiles < 1:
             raise ValueError(f"invalid step shape {self}")
         if self.batch > layout.MAX_BATCH:
@@ -246,7 +248,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     B, S = shape.batch, shape.attn_splits
     tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, B, dict(shape.tiles))
     fold = layout.fold_norm(B) if shape.norm == "auto" else shape.norm == "fold"
-    slots = layout.moe_slots(dims, B) + shape.expert_slack_slots  # slots past moe_slots never hold an expert
+    slots = layout.moe_slots(dims, B)
     heads_per_combine = _heads_per_combine(dims, shape)
     chunks = range(-(-B // layout.NORM_ROWS))  # row chunks of x / hn (NORM tasks, region units)
     qkv_rows = (hq + 2 * hkv) * D
@@ -422,13 +424,19 @@ def _attn_combine_wave(b: _Builder, layer: int, batch: int, num_heads: int, head
 
 
 def _placed(b: _Builder, dims: ModelDims, shape: StepShape, tiles: layout.GemmTiles) -> Schedule:
-    """Barrier targets counted from the signalling tasks, and the tasks dealt round-robin in step order."""
+    """Barrier targets counted from the signalling tasks, and the tasks dealt round-robin in step order
+    (restarting at SM 0 on every layer with ``deal="by_layer"``). Every SM's list is in step order, a
+    topological order of the dependencies, whichever SM a task is dealt to."""
     for t in b.tasks:
         if t.signal != NO_BARRIER:
             b.barriers[t.signal].target += 1
     sm_tasks: list[list[int]] = [[] for _ in range(shape.num_sms)]
+    cursor, layer = 0, None
     for t in b.tasks:  # round-robin in wave order
-        t.sm = t.index % shape.num_sms
+        if shape.deal == "by_layer" and t.layer != layer:
+            cursor, layer = 0, t.layer
+        t.sm = cursor % shape.num_sms
+        cursor += 1
         sm_tasks[t.sm].append(t.index)
     return Schedule(dims, shape, tiles, b.tasks, b.barriers, sm_tasks)
 
