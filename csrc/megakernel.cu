@@ -5,7 +5,8 @@
 // across task boundaries, before the tasks' inputs are ready -- so HBM streams while the consumers wait
 // on a dependency or finish the previous task. The consumer warps take descriptors in order: the leader
 // waits (bounded) on the task's input barriers, all consumers run the opcode's compute on the staged tiles,
-// make their writes visible, and the leader signals the task's barrier.
+// hand the finished task to the signaller warp, which makes their writes visible device-wide and signals
+// the task's barrier while the consumers start the next task.
 //
 // Op dispatch is the one table below (MEGAKERNEL_OPS); each opcode is a struct in ops/ with its own shared
 // scratch and its load / compute phases (task.cuh states the contract).
@@ -182,8 +183,9 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
     consumer_sync();
     if (S.consumer_abort) return;
     if (!compute_task(op, c, t, S.op)) return;
-    const unsigned long long compute_end = leader && trace ? global_timer_ns() : 0;
-    release_fence();  // this thread's outputs are visible device-wide before the signal below
+    // Every consumer's writes are ordered before the leader's arrival on done[slot] by this named barrier,
+    // and that arrival (release, CTA scope) before the signaller's fence; the same pattern as a grid
+    // barrier's one fencing thread after a block barrier.
     consumer_sync();
     if (leader) {
       if (trace) {
@@ -193,14 +195,32 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
         rec[abi::T_RUN_START_NS] = (long long)run_start;
         rec[abi::T_INPUTS_NS] = (long long)c.inputs_ns;
         rec[abi::T_STAGES_NS] = (long long)c.stages_ns;
-        rec[abi::T_COMPUTE_END_NS] = (long long)compute_end;
+        rec[abi::T_COMPUTE_END_NS] = (long long)global_timer_ns();
         c.inputs_ns = c.stages_ns = 0;
-        rec[abi::T_END_NS] = (long long)global_timer_ns();
       }
-      arrive_barrier(barriers, d[abi::F_SIGNAL_BARRIER]);
+      ptx::mbarrier_arrive(&pipe.done[slot]);
     }
     __syncwarp();  // the warp is done with the descriptor's words
     if (c.lane == 0) ptx::mbarrier_arrive(&pipe.desc_empty[slot]);
+  }
+}
+
+// Lane 0 of the signaller warp: each task, in order, once the consumers are done with it: fence, then
+// signal. Leaves at the end of the list, or when the block aborted (its waits see the flag).
+__device__ __forceinline__ void run_signaller(SharedStorage& S, const Step& st, int max_tasks, int* barriers) {
+  PipelineStorage& pipe = S.pipe;
+  long long* const trace = st.ptr<long long>(abi::S_TRACE);
+  for (int i = 0; i < max_tasks; ++i) {
+    const int slot = i % kDescSlots;
+    const uint32_t parity = (i / kDescSlots) & 1;
+    if (!pipe.wait(&pipe.desc_full[slot], parity)) return;
+    const int* d = pipe.desc[slot];
+    if (d[abi::F_OPCODE] == abi::OP_END) return;
+    if (!pipe.wait(&pipe.done[slot], parity)) return;
+    release_fence();  // the consumers' outputs are visible device-wide before the signal below
+    if (trace) trace[(long long)d[abi::F_TASK_INDEX] * abi::kTraceWords + abi::T_END_NS] = (long long)global_timer_ns();
+    arrive_barrier(barriers, d[abi::F_SIGNAL_BARRIER]);
+    ptx::mbarrier_arrive(&pipe.desc_empty[slot]);
   }
 }
 
@@ -220,7 +240,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (Role::producer())
     run_producer(S, st, layer_table, tasks + (long long)blockIdx.x * max_tasks * abi::kTaskWords, max_tasks,
                  barriers, error);
-  else
+  else if (Role::signaller()) {
+    if (Role::lane() == 0) run_signaller(S, st, max_tasks, barriers);
+  } else
     run_consumers(S, st, layer_table, max_tasks, barriers, error);
 }
 

@@ -1,8 +1,11 @@
 // The two rings between the producer warp and the consumer warps of a block, on hardware mbarriers.
 //
 // Descriptor ring (kDescSlots): task i lives in slot i % kDescSlots. desc_full[s] completes a phase when
-// the 32 producer lanes have stored their word of the descriptor (count 32); desc_empty[s] when every
-// consumer warp is done with the task, descriptor words included (count kConsumerWarps).
+// the 32 producer lanes have stored their word of the descriptor (count 32); done[s] when the consumers
+// have finished the task (count 1: the consumer leader, after a named barrier of all consumers that
+// follows their writes); desc_empty[s] when every consumer warp and the signaller are done with the
+// task, descriptor words included (count kConsumerWarps + 1). The signaller cannot be lapped: slot s is
+// refilled only after its arrival on desc_empty[s].
 //
 // Stage ring (kStages buffers of kStageBytes): the producer's n-th stage lives in buffer n % kStages.
 // full[s] completes when the producer's arrive (count 1, with the stage's byte count as expected
@@ -37,6 +40,7 @@ struct PipelineStorage {
   uint64_t empty[kStages];
   int desc[kDescSlots][abi::kTaskWords];
   uint64_t desc_full[kDescSlots];
+  uint64_t done[kDescSlots];
   uint64_t desc_empty[kDescSlots];
   volatile int abort;  // raised by whichever role gave up; every ring wait checks it
 
@@ -48,7 +52,8 @@ struct PipelineStorage {
     }
     for (int s = 0; s < kDescSlots; ++s) {
       ptx::mbarrier_init(&desc_full[s], 32);
-      ptx::mbarrier_init(&desc_empty[s], kConsumerWarps);
+      ptx::mbarrier_init(&done[s], 1);
+      ptx::mbarrier_init(&desc_empty[s], kConsumerWarps + 1);
     }
     abort = 0;
   }
