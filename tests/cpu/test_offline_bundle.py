@@ -41,9 +41,10 @@ def test_bundle_pins_match_the_project_pins():
 
 
 def test_install_without_the_project_unpacks_the_bundle_and_builds_nothing(tmp_path):
-    """`install.sh --no-project` (the caller brings its own checkout and extension): the pieces are
-    reassembled, checked and unpacked, vllm and lm_eval import from the bundle, and the check does not
-    import this project (the shipped source's pyproject is broken here: building it would fail)."""
+    """`install.sh --no-project CHECKOUT` (the caller brings its own checkout and extension): the pieces are
+    reassembled, checked and unpacked, vllm and lm_eval import from the bundle, the checkout's vLLM plugin
+    entry point is registered next to them, and the check does not import this project (the shipped
+    source's pyproject is broken here: building it would fail)."""
     import hashlib
     import io
     import lzma
@@ -79,8 +80,12 @@ def test_install_without_the_project_unpacks_the_bundle_and_builds_nothing(tmp_p
 
     for piece in ("p0", "p1"):
         assert install("--stash", str(out / piece)).returncode == 0
-    done = install("--no-project")
+    checkout = tmp_path / "checkout"  # what the caller runs: its entry points make vLLM load it as a plugin
+    checkout.mkdir()
+    shutil.copy(REPO / "pyproject.toml", checkout / "pyproject.toml")
+    done = install("--no-project", str(checkout))
     assert done.returncode == 0, done.stderr
     assert "vllm 0.24.0 lm_eval 0.4.13" in done.stdout and "not built from the bundle" in done.stdout
+    assert "'megakernel = vllm_megakernel:register'" in done.stdout  # found the way vLLM finds plugins
     assert (root / "site" / "vllm" / "__init__.py").exists() and not (root / "site.tar.xz").exists()
     assert install("--bogus").returncode == 2

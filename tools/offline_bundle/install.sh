@@ -3,9 +3,12 @@
 #   bash install.sh --stash DIR   append the pieces found in DIR to /tmp/offline-bundle-parts
 #   bash install.sh               reassemble, check the checksum, unpack into /tmp/site (once), build and
 #                                 install vllm_megakernel from the shipped source, check the imports
-#   bash install.sh --no-project  the same without building the shipped source, for a caller that puts its
-#                                 own checkout (with an extension built elsewhere) ahead of the bundle on
-#                                 PYTHONPATH: compiling csrc/ there costs device time and is not what runs
+#   bash install.sh --no-project [CHECKOUT]
+#                                 the same without building the shipped source, for a caller that puts its own
+#                                 checkout (default: the current directory; its extension built elsewhere) on
+#                                 PYTHONPATH: compiling csrc/ there costs device time and is not what runs. The
+#                                 checkout's entry points (vLLM finds its plugins by them) go into a dist-info
+#                                 next to the bundle's packages, so that vLLM loads the checkout as its plugin
 # OFFLINE_BUNDLE_PARTS and OFFLINE_BUNDLE_ROOT move /tmp/offline-bundle-parts and /tmp (the CPU test does).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,8 +23,9 @@ fi
 project=1
 if [[ ${1:-} == --no-project ]]; then
   project=0
+  checkout=$(cd "${2:-.}" && pwd)
 elif [[ -n ${1:-} ]]; then
-  echo "usage: install.sh [--stash DIR | --no-project]" >&2
+  echo "usage: install.sh [--stash DIR | --no-project [CHECKOUT]]" >&2
   exit 2
 fi
 if [[ ! -d $root/site/vllm ]]; then
@@ -43,6 +47,17 @@ if (( project )); then
   (cd / && python3 -c "import vllm, lm_eval, torch, vllm_megakernel._C as c; print('vllm', vllm.__version__, \
 'lm_eval', lm_eval.__version__, 'torch', torch.__version__, 'extension', c.build_info(), 'gpu', $gpu)")
 else
-  (cd / && python3 -c "import vllm, lm_eval, torch; print('vllm', vllm.__version__, 'lm_eval', lm_eval.__version__, \
-'torch', torch.__version__, 'gpu', $gpu, '(this project: not built from the bundle)')")
+  python3 - "$checkout/pyproject.toml" "$root/site" <<'PY'
+import pathlib, sys, tomllib
+project = tomllib.loads(pathlib.Path(sys.argv[1]).read_text())["project"]
+info = pathlib.Path(sys.argv[2]) / f"{project['name']}-{project['version']}.dist-info"
+info.mkdir(exist_ok=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+(info / "entry_points.txt").write_text("".join(
+    f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in points.items()) + "\n"
+    for group, points in project.get("entry-points", {}).items()))
+PY
+  (cd / && python3 -c "import vllm, lm_eval, torch, importlib.metadata as m; print('vllm', vllm.__version__, \
+'lm_eval', lm_eval.__version__, 'torch', torch.__version__, 'gpu', $gpu, '(this project: not built from the bundle)', \
+'plugins:', sorted(f'{e.name} = {e.value}' for e in m.entry_points(group='vllm.general_plugins')))")
 fi
