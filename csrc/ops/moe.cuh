@@ -111,6 +111,7 @@ __device__ __forceinline__ const int* routed_rows(const Step& st, const Task& t,
 // Up/gate activation rows staged by the producer: at most one stage of hidden-wide rows.
 constexpr int kStagedRows = kStageBytes / (abi::kHidden * 2);
 static_assert(kStagedRows >= 1, "a stage holds at least one hidden-wide row");
+static_assert(kStagedRows <= 8, "staged rows fill at most the first 8-row half of the mma tile (ActTile<K, 1>)");
 
 // Rows of a staged activation tile: row b at stage + b * K (nullptr past `count`: a zero row).
 template <int K>
