@@ -185,3 +185,17 @@ def test_attention_bench_counts_visible_kv_bytes_and_flags_disagreeing_outputs()
     text = ab.table({"bandwidth_bytes_per_s": 4.2e12, "reps": 10, "iters": 20, "cases": [case, bad]})
     assert "| 1 | 8192 | full | 16.8 | 5.0 | 80% | 10.0 | 40% | 7.0 | 2.00x | 0.99990 |" in text
     assert "DISAGREE 0.5000" in text
+
+
+def test_candidate_kernel_patches_still_apply_to_the_tree():
+    """benchmarks/candidates holds kernel variants written but not yet measured: each still applies to the
+    sources (a change that breaks one updates or drops it)."""
+    import shutil
+    import subprocess
+
+    patches = sorted((REPO / "benchmarks" / "candidates").glob("*.patch"))
+    if not (REPO / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git checkout")
+    for patch in patches:
+        done = subprocess.run(["git", "apply", "--check", str(patch)], cwd=REPO, capture_output=True, text=True)
+        assert done.returncode == 0, f"{patch.name} no longer applies: {done.stderr}"
