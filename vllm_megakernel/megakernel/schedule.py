@@ -8,7 +8,8 @@ order of the step's dependency graph. A MoE layer, with the RMSNorm folded into 
 The dense prefix layer has no router, top-k or combine (``mlp_up``/``mlp_down`` are its SwiGLU). Batches
 above ``layout.REGISTER_BATCH`` rows start each layer with a ``norm`` wave instead (row chunks on many
 SMs), and the step ends with a ``final_norm`` wave. Tasks are numbered in that order and dealt round-robin
-to SMs, so every SM's list is ordered consistently with one global topological order. That makes the step
+to SMs (restarting at SM 0 on every layer by default: ``StepShape.deal``), each SM's list in number order,
+so every SM's list is ordered consistently with one global topological order. That makes the step
 deadlock-free with spinning waits: the unfinished task with the smallest number is at the head of its SM's
 list and all of its inputs have smaller numbers, so it can always run. The kernel's producer warp, which
 issues a task's weight loads ahead of its consumers, waits only on barriers of lower-numbered tasks (the
