@@ -68,8 +68,9 @@ __device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* 
   }
 }
 
-// Called by ONE thread after a named barrier that follows every writer's release_fence(). A reduction
-// without a return value: the signalling thread does not wait for the count to come back.
+// Called by ONE thread (the signaller) after its release_fence(), which follows every writer's writes through
+// the consumers' named barrier and the hand-over mbarrier. A reduction without a return value: the
+// signalling thread does not wait for the count to come back.
 __device__ __forceinline__ void arrive_barrier(int* barriers, int barrier) {
   if (barrier == abi::kNoBarrier) return;
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(barriers + barrier) : "memory");

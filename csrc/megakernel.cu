@@ -13,8 +13,12 @@
 //
 // Aborts: a dependency wait that times out (or sees another SM's error record) raises the block's abort
 // flag. The consumers learn of a consumer-side abort after a named barrier (all of them at once); the
-// producer and the consumers learn of each other's aborts in the ring waits, which is where the other
-// side would otherwise wait forever. No role reaches a named barrier after leaving, so nothing hangs.
+// producer, the consumers and the signaller learn of each other's aborts in their ring waits, which is
+// where they would otherwise wait forever. Known gap (session D's review): a ring wait gives up only if
+// its phase has not completed, so when the abort lands while a stage or descriptor is being filled, one
+// consumer warp can give up on it while another sees it complete and goes on to a named barrier the
+// first never reaches; that hangs instead of failing. Every warp must give up at the same ring position
+// (a count of what was issued, closed atomically on abort); not yet done.
 #include <stdexcept>
 #include <string>
 

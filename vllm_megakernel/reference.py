@@ -369,7 +369,7 @@ def _fmix32(h: int) -> int:
 
 
 def uniform_draw(layer: int, position: int, j: int, num_experts: int) -> int:
-    """The j-th uniform draw of a row at ``position`` on ``layer`` (csrc/ops/router.cuh: uniform_expert)."""
+    """The j-th uniform draw of a row at ``position`` on ``layer`` (csrc/ops/router.cuh: uniform_draw)."""
     x = ((layer * 0x9E3779B1) ^ ((position & 0xFFFFFFFF) * 0x85EBCA77) ^ (j * 0xC2B2AE3D)) & 0xFFFFFFFF
     return _fmix32(x) % num_experts
 

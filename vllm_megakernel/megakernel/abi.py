@@ -142,8 +142,8 @@ STEP_FIELDS = (
 # One trace record per task (globaltimer nanoseconds): the SM, when its first wait began, when its body
 # began (all waits satisfied), when its inputs (activation rows) were staged and when its last weight or
 # K/V stage was consumed (ROUTER_TOPK: when every row's experts were chosen and when the work list's slots
-# were numbered; 0 for other ops without stages), when its body returned, when its outputs were fenced
-# (just before it signalled).
+# were numbered; 0 for other ops without stages), when every consumer had finished its body, when its
+# outputs were fenced (by the signaller, just before it signalled).
 TRACE_FIELDS = ("sm", "wait_start_ns", "run_start_ns", "inputs_ns", "stages_ns", "compute_end_ns", "end_ns")
 
 # The layer table: one row of int64 words per layer. The KV cache is vLLM's FlashAttention layout
