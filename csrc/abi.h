@@ -36,6 +36,9 @@ constexpr bool routed_descriptor(int op) {
 }
 constexpr int kRoutedPairWords = 16;
 constexpr int F_ROUTED_SLOT = 10;
+constexpr int F_ROUTED_FIRST = 11;
+constexpr int F_ROUTED_WIDTH = 12;
+constexpr int F_ROUTED_CLAIM = 13;
 constexpr int F_ROUTED_EXPERT = 14;
 constexpr int F_ROUTED_COUNT = 15;
 constexpr int F_ROUTED_PAIR0 = 16;

@@ -22,15 +22,12 @@
 
 namespace vllm_megakernel {
 
-// Whether a descriptor (its words spread over the producer warp's lanes, `word` this lane's) is an expert
-// task that takes its tile from a claim counter; that counter's barrier word, else kNoBarrier.
-__device__ __forceinline__ int claim_counter(int op, int word) {
-  const int field = op == abi::OP_MOE_UPGATE ? abi::F_MOE_UPGATE_CLAIM
-                    : op == abi::OP_MOE_DOWN ? abi::F_MOE_DOWN_CLAIM
-                                             : -1;
-  const int counter = __shfl_sync(0xffffffffu, word, field < 0 ? 0 : field);
-  return field < 0 ? abi::kNoBarrier : counter;
-}
+// Both routed opcodes lay out (slot, first column / row, width, claim) at the routed words (abi.ROUTED_LEAD).
+static_assert(abi::F_MOE_UPGATE_SLOT == abi::F_ROUTED_SLOT && abi::F_MOE_DOWN_SLOT == abi::F_ROUTED_SLOT &&
+              abi::F_MOE_UPGATE_COL0 == abi::F_ROUTED_FIRST && abi::F_MOE_DOWN_ROW0 == abi::F_ROUTED_FIRST &&
+              abi::F_MOE_UPGATE_COLS == abi::F_ROUTED_WIDTH && abi::F_MOE_DOWN_ROWS == abi::F_ROUTED_WIDTH &&
+              abi::F_MOE_UPGATE_CLAIM == abi::F_ROUTED_CLAIM && abi::F_MOE_DOWN_CLAIM == abi::F_ROUTED_CLAIM,
+              "routed opcodes share their leading words");
 
 // This lane's word of the wave's n-th task, from this lane's word of the claiming task (the whole producer
 // warp calls it). The host numbers a wave slot-major (n = slot * tiles + tile) with its per-slot barriers
@@ -38,23 +35,20 @@ __device__ __forceinline__ int claim_counter(int op, int word) {
 // (slot, tile, barrier, index) give the rest.
 __device__ __forceinline__ int claimed_word(int op, int word, int n) {
   const bool up = op == abi::OP_MOE_UPGATE;
-  const int f_slot = up ? abi::F_MOE_UPGATE_SLOT : abi::F_MOE_DOWN_SLOT;
-  const int f_first = up ? abi::F_MOE_UPGATE_COL0 : abi::F_MOE_DOWN_ROW0;
-  const int f_width = up ? abi::F_MOE_UPGATE_COLS : abi::F_MOE_DOWN_ROWS;
   const int f_slot_barrier = up ? abi::F_SIGNAL_BARRIER : abi::F_WAIT0_BARRIER;
-  const int slot0 = __shfl_sync(0xffffffffu, word, f_slot);
-  const int first0 = __shfl_sync(0xffffffffu, word, f_first);
-  const int width = __shfl_sync(0xffffffffu, word, f_width);
+  const int slot0 = __shfl_sync(0xffffffffu, word, abi::F_ROUTED_SLOT);
+  const int first0 = __shfl_sync(0xffffffffu, word, abi::F_ROUTED_FIRST);
+  const int width = __shfl_sync(0xffffffffu, word, abi::F_ROUTED_WIDTH);
   const int barrier0 = __shfl_sync(0xffffffffu, word, f_slot_barrier);
   const int index0 = __shfl_sync(0xffffffffu, word, abi::F_TASK_INDEX);
   const int tiles = (up ? abi::kMoeIntermediate : abi::kHidden) / width;
   const int slot = n / tiles, tile = n % tiles;
   const int lane = Role::lane();
-  if (lane == f_slot) return slot;
-  if (lane == f_first) return tile * width;
+  if (lane == abi::F_ROUTED_SLOT) return slot;
+  if (lane == abi::F_ROUTED_FIRST) return tile * width;
   if (lane == f_slot_barrier) return barrier0 == abi::kNoBarrier ? barrier0 : barrier0 - slot0 + slot;
   if (lane == abi::F_TASK_INDEX) return index0 - (slot0 * tiles + first0 / width) + n;
-  if (lane == (up ? abi::F_MOE_UPGATE_CLAIM : abi::F_MOE_DOWN_CLAIM)) return abi::kNoBarrier;  // claimed
+  if (lane == abi::F_ROUTED_CLAIM) return abi::kNoBarrier;  // claimed
   return word;
 }
 
@@ -67,7 +61,7 @@ __device__ __forceinline__ int claimed_word(int op, int word, int n) {
 __device__ __forceinline__ bool complete_routed_descriptor(Producer& p, int* desc, const Layer& ly, int op,
                                                            int& word) {
   const int lane = Role::lane();
-  const int counter = claim_counter(op, word);
+  const int counter = __shfl_sync(0xffffffffu, word, abi::F_ROUTED_CLAIM);  // kNoBarrier: not claiming
   desc[lane] = word;
   __syncwarp();
   int n = 0;

@@ -189,11 +189,11 @@ KERNEL = {
 for _op in Op:
     assert _op in OP_FIELDS, f"{_op.name} has no field list"
     assert len(HEADER_FIELDS) + len(OP_FIELDS[_op]) <= TASK_WORDS, _op.name
-# the routed words and the slot sit at the same word in every routed opcode (the producer fills them
-# without knowing which one it holds)
+# every routed opcode has the same word layout: slot, its tile's first column / row, the tile's width,
+# claim, then the routed words (the producer completes and claims them without knowing which one it holds)
+ROUTED_LEAD = ("slot", "first", "width", "claim")  # the first two are named per opcode: col0 / row0, cols / rows
 for _op in ROUTED_OPS:
-    assert OP_FIELDS[_op][0] == "slot" and OP_FIELDS[_op][-len(ROUTED_FIELDS):] == ROUTED_FIELDS, _op.name
-    assert len(OP_FIELDS[_op]) == len(OP_FIELDS[Op.MOE_UPGATE]), _op.name
+    assert OP_FIELDS[_op][:4:3] == ("slot", "claim") and OP_FIELDS[_op][4:] == ROUTED_FIELDS, _op.name
 assert ROUTED_PAIR_WORDS >= KERNEL["register_batch"], "a slot's rows at the register batch fit the descriptor"
 
 
@@ -259,12 +259,9 @@ def render_header() -> str:
     lines += ["", "// Opcodes whose descriptors the producer completes from the layer's routing (abi.ROUTED_OPS)."]
     lines += ["constexpr bool routed_descriptor(int op) {",
               "  return " + " || ".join(f"op == OP_{op.name}" for op in sorted(ROUTED_OPS)) + ";", "}"]
-    first = min(ROUTED_OPS)
-    lines += [f"constexpr int kRoutedPairWords = {ROUTED_PAIR_WORDS};",
-              f"constexpr int F_ROUTED_SLOT = {field_index(first, 'slot')};",
-              f"constexpr int F_ROUTED_EXPERT = {field_index(first, 'expert')};",
-              f"constexpr int F_ROUTED_COUNT = {field_index(first, 'count')};",
-              f"constexpr int F_ROUTED_PAIR0 = {field_index(first, 'pair0')};"]
+    lines += [f"constexpr int kRoutedPairWords = {ROUTED_PAIR_WORDS};"]
+    lines += [f"constexpr int F_ROUTED_{name.upper()} = {len(HEADER_FIELDS) + i};"
+              for i, name in enumerate(ROUTED_LEAD + ROUTED_FIELDS[:3])]
     lines += ["", "// Header words, common to every opcode."]
     lines += [f"constexpr int F_{name.upper()} = {i};" for i, name in enumerate(HEADER_FIELDS)]
     for op in Op:
