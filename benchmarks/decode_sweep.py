@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from benchmarks import SIDE_CONFIG, write_json_atomic
+from vllm_megakernel.options import UNIFORM_ROUTING
 
 
 def _decision(model) -> dict:
@@ -165,8 +166,6 @@ def worker_command(args, side: str, cases: list[dict], part: Path) -> tuple[list
     simulator (VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random), which the megakernel follows too (its
     step table's uniform_routing), so it applies to both sides; the weights' own routing is then not what
     runs, so the routing probe is skipped and the speed of light uses the uniform formula."""
-    from vllm_megakernel.options import UNIFORM_ROUTING
-
     env = dict(os.environ)
     # --uniform-routing is the one way to simulate routing, so the recorded env always says what ran
     env.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
@@ -205,7 +204,7 @@ def environment(args) -> dict:
             "repeats": args.repeats, "load_format": args.load_format, "model": str(args.model),
             "graph_mode": "vLLM default (FULL_AND_PIECEWISE, torch.compile)", "attention": "vLLM default (FA3)",
             "moe": "vLLM default (Triton on Hopper)",
-            "routing_simulation": "uniform_random (both sides)" if args.uniform_routing else "off",
+            "routing_simulation": f"{UNIFORM_ROUTING} (both sides)" if args.uniform_routing else "off",
             "prefix_caching": args.cache_prompts}
 
 
