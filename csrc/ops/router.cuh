@@ -68,6 +68,7 @@ struct RouterTopkOp {
     int chosen[abi::kMaxBatch * abi::kTopK];  // expert of pair (row, k); -1 for padding rows
     int count[abi::kNumExperts];
     int slot[abi::kNumExperts];
+    int fill[abi::kNumExperts];  // rows placed so far per expert (the row placement's running offset)
   };
 
   static __device__ bool load(Producer&, const Task&) { return true; }
@@ -78,7 +79,7 @@ struct RouterTopkOp {
     float* topk_w = c.st.ptr<float>(abi::S_TOPK_W);
     int* route_log = c.st.ptr<int>(abi::S_ROUTE_LOG);
     const bool renorm = c.st.i(abi::S_NORM_TOPK_PROB) != 0;
-    for (int e = c.thread; e < E; e += kConsumerThreads) sh.count[e] = 0;
+    for (int e = c.thread; e < E; e += kConsumerThreads) sh.count[e] = sh.fill[e] = 0;
     const bool uniform = c.st.i(abi::S_UNIFORM_ROUTING) != 0;
     for (int r = c.warp; r < B && uniform; r += kConsumerWarps) {
       // Lane l holds draw j0 + l; a draw is taken if no earlier lane drew its value and no expert taken
@@ -103,31 +104,32 @@ struct RouterTopkOp {
     }
     for (int r = c.warp; r < B && !uniform; r += kConsumerWarps) {
       const bool live = c.st.seq_len(r) > 0;  // padding rows are not routed (their weights are unused)
-      float s[kPerLane];
+      // Scores are sigmoids, in [0, 1]: their bit patterns order like the values, so a round's arg-max is
+      // one warp max-reduction of keys (the bits + 2; 1: a NaN score, chosen after every number; 0: taken)
+      // and one min-reduction of the expert ids that hold it (ties: lowest id).
+      uint32_t key[kPerLane];
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) s[j] = scores[r * E + c.lane + 32 * j];
+      for (int j = 0; j < kPerLane; ++j) {
+        const float v = scores[r * E + c.lane + 32 * j];
+        key[j] = v >= 0.f ? __float_as_uint(v) + 2u : 1u;
+      }
       float total = 0.f, mine = 0.f;  // lane k keeps the k-th weight
 #pragma unroll 1
-      for (int k = 0; k < K; ++k) {  // k-th largest: warp arg-max, lowest expert id on ties
-        float best = -CUDART_INF_F;
+      for (int k = 0; k < K; ++k) {
+        uint32_t best = 0;
         int best_e = E;
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j)
-          if (s[j] > best) best = s[j], best_e = c.lane + 32 * j;  // j ascending: ties keep the lower id
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-          const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-          if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
-        }
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j)
-          if (best_e == c.lane + 32 * j) s[j] = -CUDART_INF_F;  // knocked out for the next round
-        if (c.lane == k) mine = best;
-        total += best;
+          if (key[j] > best) best = key[j], best_e = c.lane + 32 * j;  // j ascending: ties keep the lower id
+        const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+        const int e = __reduce_min_sync(0xffffffffu, (unsigned)(best == top ? best_e : E));
+        if ((e & 31) == c.lane) key[e >> 5] = 0;  // knocked out for the next round
+        const float score = top >= 2u ? __uint_as_float(top - 2u) : CUDART_NAN_F;
+        if (c.lane == k) mine = score;
+        total += score;
         if (c.lane == 0) {
-          sh.chosen[r * K + k] = live ? best_e : -1;
-          if (route_log) route_log[((long long)layer * B + r) * K + k] = best_e;
+          sh.chosen[r * K + k] = live ? e : -1;
+          if (route_log) route_log[((long long)layer * B + r) * K + k] = e;
         }
       }
       if (c.lane < K) topk_w[r * K + c.lane] = renorm ? mine / total : mine;
@@ -156,14 +158,18 @@ struct RouterTopkOp {
     }
     c.mark_stages();
     consumer_sync();
-    // Each expert's rows, ascending: pair p's place among its expert's pairs is the number of earlier
-    // pairs with the same expert (at most B * K reads of shared memory per pair, no global loads).
-    for (int p = c.thread; p < B * K; p += kConsumerThreads) {
-      const int e = sh.chosen[p];
-      if (e < 0) continue;
-      int n = 0;
-      for (int q = 0; q < p; ++q) n += sh.chosen[q] == e;
-      c.st.slot_rows(sh.slot[e])[n] = p;
+    // Each expert's rows, ascending, in one pass of warp 0 over the pairs 32 at a time: a pair's place is
+    // its expert's rows placed by earlier rounds plus the same-expert pairs on lower lanes of this one.
+    if (c.warp == 0) {
+      for (int p0 = 0; p0 < B * K; p0 += 32) {
+        const int p = p0 + c.lane, e = p < B * K ? sh.chosen[p] : -1;
+        const unsigned same = __match_any_sync(0xffffffffu, e);
+        const int before = __popc(same & ((1u << c.lane) - 1));
+        if (e >= 0) c.st.slot_rows(sh.slot[e])[sh.fill[e] + before] = p;
+        __syncwarp();
+        if (e >= 0 && before == 0) sh.fill[e] += __popc(same);
+        __syncwarp();
+      }
     }
     return true;
   }
