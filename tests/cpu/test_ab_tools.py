@@ -1,0 +1,119 @@
+"""The kernel A/B tools (benchmarks/ab): the variant builder makes an extension of the commit's csrc/ plus
+patches, and the table compares each run against the mean of the base's runs."""
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.ab import table as ab_table
+
+REPO = Path(__file__).resolve().parents[2]
+CALL2 = REPO / "benchmarks" / "results" / "h200-2026-12-01-v2-topk-abort-release" / "call2"
+
+
+def test_the_table_puts_each_run_against_the_mean_of_the_base_runs(tmp_path):
+    # session E's second call, laid out as run.sh names its runs
+    for i, name in enumerate(["base", "T", "TA", "TAR", "base2"], 1):
+        (tmp_path / f"{name.rstrip('2')}-{i}").mkdir()
+        shutil.copy(CALL2 / name / "profile.json", tmp_path / f"{name.rstrip('2')}-{i}" / "profile.json")
+    runs = ["base-1", "T-2", "TA-3", "TAR-4", "base-5"]
+    ab_table.main([str(tmp_path)] + runs)
+    text = (tmp_path / "ab.md").read_text()
+    # the folder's README: base 2711 / 2737 us at batch 1, T 2697 (-1.0%), TAR 8687 us (+2.6%) at batch 8
+    row = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "2697 us (-1.0%)" in row["T-2"]
+    assert "8687 us (+2.6%)" in row["TAR-4"]
+    base = [json.loads((CALL2 / n / "profile.json").read_text()) for n in ("base", "base2")]
+    b1 = [ab_table.step_times(p)[1] for p in base]
+    assert f"{b1[0]:.0f} us ({(b1[0] / (sum(b1) / 2) - 1) * 100:+.1f}%)" in row["base-1"]
+    assert "Changes against the mean of the base runs" in text
+
+
+def test_a_run_name_is_its_variant_and_index():
+    assert ab_table.variant("base-3") == "base"
+    assert ab_table.variant("topk-abort-12") == "topk-abort"
+    assert ab_table.variant("base2") == "base2"
+
+
+def _can_build() -> bool:
+    return all(shutil.which(t) for t in ("nvcc", "cmake", "git")) and importlib.util.find_spec("pybind11") is not None
+
+
+@pytest.mark.skipif(not _can_build(), reason="needs nvcc, cmake, git and pybind11")
+def test_the_builder_compiles_the_commit_with_the_variants_patch(tmp_path):
+    """One variant, a patch that adds a key to build_info: the extension it writes is that commit's csrc/
+    with the patch applied (imported here and asked)."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    patch = tmp_path / "marker.patch"
+    src = (REPO / "csrc" / "bindings.cpp").read_text()
+    anchor = '    info["decode_kernel"] = true;\n'
+    assert anchor in src
+    lines = src.splitlines(keepends=True)
+    at = lines.index(anchor)
+    ctx = lines[at - 1:at + 2]
+    patch.write_text("--- a/csrc/bindings.cpp\n+++ b/csrc/bindings.cpp\n"
+                     f"@@ -{at},3 +{at},4 @@\n" + " " + ctx[0] + " " + ctx[1]
+                     + '+    info["ab_variant"] = "marker";\n' + " " + ctx[2])
+    out = tmp_path / "variants"
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "ab" / "build.sh"), str(out), f"marked={patch}"],
+                          cwd=REPO, capture_output=True, text=True, env={"PYTHON": sys.executable, "PATH": _path(), "AB_BUILD_DIR": str(tmp_path / "build")},
+                          timeout=1500)
+    assert done.returncode == 0, done.stdout + done.stderr
+    spec = importlib.util.spec_from_file_location("_C", out / "marked.so")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    info = module.build_info()
+    assert info["ab_variant"] == "marker"
+    assert info["decode_kernel"] is True
+
+
+def _path() -> str:
+    import os
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+def test_the_runner_times_each_variant_with_its_own_extension_and_puts_the_checkouts_back(tmp_path):
+    """run.sh on a stand-in checkout whose python3 fakes kernel_profile: each run sees the extension of its
+    variant in place, runs are named NAME-i in order, the table comes out, and the checkout's own
+    extension is back at the end."""
+    checkout = tmp_path / "checkout"
+    (checkout / "vllm_megakernel").mkdir(parents=True)
+    own = checkout / "vllm_megakernel" / "_C.cpython-312-x86_64-linux-gnu.so"
+    own.write_text("own")
+    variants = tmp_path / "variants"
+    variants.mkdir()
+    steps = {"base": 1000.0, "fast": 950.0}
+    for name in steps:
+        (variants / f"{name}.so").write_text(name)
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    # kernel_profile's stand-in: the step time of whichever variant's extension is in place
+    fake.write_text(f"""#!/usr/bin/env bash
+if [[ $2 == benchmarks.kernel_profile ]]; then
+  while [[ $# -gt 0 ]]; do [[ $1 == --out ]] && out=$2; shift; done
+  mkdir -p "$out"; variant=$(cat vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so)
+  step=$( [[ $variant == base ]] && echo {steps['base']} || echo {steps['fast']} )
+  echo '{{"bandwidth_bytes_per_s": 4.2e12, "results": [{{"batch": 1, "schedule": "default", "step_us_median": '$step'}}]}}' > "$out/profile.json"
+  echo "$variant" > "$out/seen"
+else
+  PYTHONPATH={REPO} exec {sys.executable} "$@"
+fi
+""")
+    fake.chmod(0o755)
+    import os
+    env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "ab" / "run.sh"), str(variants), "out", "1",
+                           "base", "fast", "base"], cwd=checkout, capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = checkout / "out"
+    assert [(out / r / "seen").read_text().strip() for r in ("base-1", "fast-2", "base-3")] == ["base", "fast", "base"]
+    assert own.read_text() == "own"
+    assert "| fast-2 | 4.20 | 950 us (-5.0%) |" in (out / "ab.md").read_text()
+    assert "| fast-2 | 4.20 | 950 us (-5.0%) |" in done.stdout
