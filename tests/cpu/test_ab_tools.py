@@ -3,6 +3,7 @@ patches, and the table compares each run against the mean of the base's runs."""
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.ab import table as ab_table
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CALL2 = REPO / "benchmarks" / "results" / "h200-2026-12-01-v2-topk-abort-release" / "call2"
 
 
@@ -61,9 +62,10 @@ def test_the_builder_compiles_the_commit_with_the_variants_patch(tmp_path):
                      f"@@ -{at},3 +{at},4 @@\n" + " " + ctx[0] + " " + ctx[1]
                      + '+    info["ab_variant"] = "marker";\n' + " " + ctx[2])
     out = tmp_path / "variants"
+    env = {"PYTHON": sys.executable, "PATH": _path_with(Path(sys.executable).parent),
+           "AB_BUILD_DIR": str(tmp_path / "build")}
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "ab" / "build.sh"), str(out), f"marked={patch}"],
-                          cwd=REPO, capture_output=True, text=True, env={"PYTHON": sys.executable, "PATH": _path(), "AB_BUILD_DIR": str(tmp_path / "build")},
-                          timeout=1500)
+                          cwd=REPO, capture_output=True, text=True, env=env, timeout=1500)
     assert done.returncode == 0, done.stdout + done.stderr
     spec = importlib.util.spec_from_file_location("_C", out / "marked.so")
     module = importlib.util.module_from_spec(spec)
@@ -73,9 +75,9 @@ def test_the_builder_compiles_the_commit_with_the_variants_patch(tmp_path):
     assert info["decode_kernel"] is True
 
 
-def _path() -> str:
-    import os
-    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+def _path_with(first: Path) -> str:
+    """PATH with ``first`` searched before the rest."""
+    return os.pathsep.join([str(first), os.environ.get("PATH", "")])
 
 
 def test_the_runner_times_each_variant_with_its_own_extension_and_puts_the_checkouts_back(tmp_path):
@@ -106,8 +108,7 @@ else
 fi
 """)
     fake.chmod(0o755)
-    import os
-    env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, PATH=_path_with(fake.parent))
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "ab" / "run.sh"), str(variants), "out", "1",
                            "base", "fast", "base"], cwd=checkout, capture_output=True, text=True, env=env,
                           timeout=120)
