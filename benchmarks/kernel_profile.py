@@ -89,7 +89,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
     rec = traced.trace.cpu()
-    t0 = int(rec[:, 1].min())
+    t0 = int(rec[trace.ran_tasks(sched, rec), 1].min())  # a dead slot's skipped expert task has no record
     task_trace = {"sm": rec[:, 0].to(torch.int16), "times_ns": (rec[:, 1:] - t0).to(torch.int32),
                   "op": torch.tensor([int(t.op) for t in sched.tasks], dtype=torch.int16),
                   "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16),

@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 7;
+constexpr int kAbiVersion = 8;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -68,6 +68,9 @@ constexpr int F_ROUTER_ROW0 = 10;
 constexpr int F_ROUTER_ROWS = 11;
 constexpr int F_ROUTER_NORM = 12;
 constexpr int F_ROUTER_WRITE_HN = 13;
+// ROUTER_TOPK
+constexpr int F_ROUTER_TOPK_DOWN_BARRIER = 10;
+constexpr int F_ROUTER_TOPK_DOWN_TILES = 11;
 // ATTN_PARTIAL
 constexpr int F_ATTN_PARTIAL_REQUEST = 10;
 constexpr int F_ATTN_PARTIAL_SPLIT = 11;

@@ -71,9 +71,9 @@ __device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* 
 // Called by ONE thread (the signaller) after its release_fence(), which follows every writer's writes through
 // the consumers' named barrier and the hand-over mbarrier. A reduction without a return value: the
 // signalling thread does not wait for the count to come back.
-__device__ __forceinline__ void arrive_barrier(int* barriers, int barrier) {
+__device__ __forceinline__ void arrive_barrier(int* barriers, int barrier, int n = 1) {
   if (barrier == abi::kNoBarrier) return;
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(barriers + barrier) : "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(barriers + barrier), "r"(n) : "memory");
 }
 
 }  // namespace vllm_megakernel

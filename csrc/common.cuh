@@ -84,6 +84,9 @@ struct Step {
   __device__ int* slot_expert() const { return route() + w[abi::S_ROUTE_EXPERT_OFF]; }
   __device__ int* slot_count() const { return route() + w[abi::S_ROUTE_COUNT_OFF]; }
   __device__ int* slot_rows(int slot) const { return route() + w[abi::S_ROUTE_ROWS_OFF] + slot * batch(); }
+  // Each layer's routed slot count, kept for the whole step (route()[0] is the latest layer's only).
+  // (layout.route_offsets: right after the slot rows, so no step word of its own)
+  __device__ int* layer_active() const { return slot_rows((int)w[abi::S_NUM_SLOTS]); }
 };
 
 // Typed view of one layer's row of the layer table (abi::L_*).

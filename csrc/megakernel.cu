@@ -132,9 +132,12 @@ __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, c
   const int lane = Role::lane();
   Producer p{st, StageProducer{pipe}, barriers, error, st.i(abi::S_TIMEOUT_NS)};
   int next = my_tasks[lane];  // descriptors are fetched one ahead: the load is in flight while we wait
-  for (int i = 0; i < max_tasks; ++i) {
+  // e walks the SM's list; i counts the ring positions published, which fall behind e by the expert tasks
+  // skipped (a dead slot's task is not published: the consumers and the signaller see the list without
+  // it, ending at OP_END).
+  for (int e = 0, i = 0; e < max_tasks; ++e) {
     int word = next;
-    if (i + 1 < max_tasks) next = my_tasks[(long long)(i + 1) * abi::kTaskWords + lane];
+    if (e + 1 < max_tasks) next = my_tasks[(long long)(e + 1) * abi::kTaskWords + lane];
     const int slot = i % kDescSlots;
     if (!pipe.wait(&pipe.desc_empty[slot], ((i / kDescSlots) & 1) ^ 1)) return;
     const int op = __shfl_sync(0xffffffffu, word, 0);
@@ -143,8 +146,11 @@ __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, c
     // for the layer's routing, which the task's loads need anyway.
     if (abi::routed_descriptor(op)) {
       const Layer ly{layer_table + (long long)__shfl_sync(0xffffffffu, word, abi::F_LAYER) * abi::kLayerWords};
-      if (!complete_routed_descriptor(p, pipe.desc[slot], ly, op, word)) return;
+      const Routed r = complete_routed_descriptor(p, pipe.desc[slot], ly, op, word);
+      if (r == Routed::kAbort) return;
+      if (r == Routed::kDead) continue;  // ring position i stays free for the next place
     }
+    ++i;
     pipe.desc[slot][lane] = word;
     ptx::mbarrier_arrive(&pipe.desc_full[slot]);  // release: the consumers see the word once the phase completes
     if (op == abi::OP_END) return;
@@ -224,6 +230,14 @@ __device__ __forceinline__ void run_signaller(SharedStorage& S, const Step& st, 
     release_fence();  // the consumers' outputs are visible device-wide before the signal below
     if (trace) trace[(long long)d[abi::F_TASK_INDEX] * abi::kTraceWords + abi::T_END_NS] = (long long)global_timer_ns();
     arrive_barrier(barriers, d[abi::F_SIGNAL_BARRIER]);
+    // The top-k also signals, for every dead slot, the down-wave tiles the producers will skip (abi.py's
+    // routed descriptors): the MoE combine's wait on that barrier counts every tile of every slot. The
+    // routed count is this task's own output (the consumers' done arrival ordered it before this read). Read
+    // after the routing's signal above, so that its round trip to L2 does not delay the expert tasks.
+    if (d[abi::F_OPCODE] == abi::OP_ROUTER_TOPK) {
+      const int dead = (int)st.i(abi::S_NUM_SLOTS) - st.layer_active()[d[abi::F_LAYER]];
+      if (dead > 0) arrive_barrier(barriers, d[abi::F_ROUTER_TOPK_DOWN_BARRIER], dead * d[abi::F_ROUTER_TOPK_DOWN_TILES]);
+    }
     ptx::mbarrier_arrive(&pipe.desc_empty[slot]);
   }
 }

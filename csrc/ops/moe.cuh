@@ -5,8 +5,8 @@
 // expert task's descriptor, the producer waits on the layer's routing (the descriptor's load_wait) and
 // writes the slot's expert, row count and rows into the descriptor (complete_routed_descriptor, abi's
 // routed descriptors); both sides then read only those words, so they agree on whether the slot has work
-// at all. An expert task whose slot is past num_active loads and computes nothing; it still signals its
-// barrier (the host derived the counts from the slot count, not from routing).
+// at all. An expert task whose slot is past the layer's num_active is skipped by its producer (never
+// published); the top-k's signaller makes up the down barrier's count for those (abi.py).
 //
 // The up/gate task's activation rows (hn of the slot's tokens) come through the stage ring as the task's
 // first stage when they fit one (at most kStagedRows rows): the producer copies them once the routing is
@@ -52,14 +52,18 @@ __device__ __forceinline__ int claimed_word(int op, int word, int n) {
   return word;
 }
 
+// What the producer does with a routed task once its descriptor is completed.
+enum class Routed { kAbort, kDead, kLive };
+
 // The producer warp's completion of a routed (expert) task's descriptor, in place in the descriptor ring;
 // every lane calls it with its word of the descriptor and gets its final word back. A claiming task takes
 // its number first: the number does not depend on the routing, so its round trip overlaps the wait. Then
 // lane 0 waits for the layer's routing and reads the slot's route words in one round trip (every load
 // issued before the first is used). A wait of the consumers' on the routing is then dropped from the
-// descriptor. False if the step is being aborted.
-__device__ __forceinline__ bool complete_routed_descriptor(Producer& p, int* desc, const Layer& ly, int op,
-                                                           int& word) {
+// descriptor. kDead: the slot is past the routed count, and the producer skips the task (abi.py's routed
+// descriptors); kAbort: the step is being aborted.
+__device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, int* desc, const Layer& ly, int op,
+                                                             int& word) {
   const int lane = Role::lane();
   const int counter = __shfl_sync(0xffffffffu, word, abi::F_ROUTED_CLAIM);  // kNoBarrier: not claiming
   desc[lane] = word;
@@ -70,31 +74,37 @@ __device__ __forceinline__ bool complete_routed_descriptor(Producer& p, int* des
     if (!p.load_wait(Task{desc, ly})) n = -1;
   }
   n = __shfl_sync(0xffffffffu, n, 0);
-  if (n < 0) return false;
+  if (n < 0) return Routed::kAbort;
   if (counter != abi::kNoBarrier) word = claimed_word(op, word, n);
   desc[lane] = word;
   __syncwarp();
+  int live = 0;
   if (lane == 0) {
     const int slot = desc[abi::F_ROUTED_SLOT], B = p.st.batch();
-    const int active = p.st.route()[0], expert = p.st.slot_expert()[slot], count = p.st.slot_count()[slot];
+    // This layer's own count: a producer can reach a dead slot's place after the layer finished without it
+    // and the next layer's top-k rewrote the rest of the route buffer; a live slot's words cannot change
+    // before its tasks ran (the layer waits on them).
+    const int active = p.st.layer_active()[desc[abi::F_LAYER]];
+    const int expert = p.st.slot_expert()[slot], count = p.st.slot_count()[slot];
     const int* rows = p.st.slot_rows(slot);
     int pair[abi::kRoutedPairWords];
 #pragma unroll
     for (int j = 0; j < abi::kRoutedPairWords; ++j) pair[j] = j < B ? rows[j] : 0;
-    const bool live = slot < active;
+    live = slot < active;
     // An input wait on the routing is already satisfied (this thread acquired it, and the consumers see the
     // descriptor after this): drop it, sparing the consumer leader a round trip to L2.
     if (desc[abi::F_WAIT0_BARRIER] == desc[abi::F_LOAD_WAIT_BARRIER] &&
         desc[abi::F_WAIT0_COUNT] <= desc[abi::F_LOAD_WAIT_COUNT])
       desc[abi::F_WAIT0_BARRIER] = abi::kNoBarrier;
-    desc[abi::F_ROUTED_EXPERT] = live ? expert : -1;
-    desc[abi::F_ROUTED_COUNT] = live ? count : 0;
+    desc[abi::F_ROUTED_EXPERT] = expert;
+    desc[abi::F_ROUTED_COUNT] = count;
 #pragma unroll
     for (int j = 0; j < abi::kRoutedPairWords; ++j) desc[abi::F_ROUTED_PAIR0 + j] = pair[j];
   }
-  __syncwarp();
+  __syncwarp();  // lane 0's words are read by the other lanes below, or rewritten by them at the next place
+  if (!__shfl_sync(0xffffffffu, live, 0)) return Routed::kDead;
   word = desc[lane];
-  return true;
+  return Routed::kLive;
 }
 
 // A routed task's (token * K + k) rows: from its descriptor when they fit there, else the route buffer.
@@ -123,7 +133,6 @@ struct MoeUpgateOp {
 
   static __device__ bool load(Producer& p, const Task& t) {
     const int expert = t[abi::F_ROUTED_EXPERT], count = t[abi::F_ROUTED_COUNT];
-    if (expert < 0) return true;
     if (count <= kStagedRows) {  // the activation rows first: the consumers read them before any weight
       const bf16* hn = p.st.ptr<const bf16>(abi::S_HN);
       const int* rows = t.d + abi::F_ROUTED_PAIR0;
@@ -140,7 +149,6 @@ struct MoeUpgateOp {
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
     const int count = t[abi::F_ROUTED_COUNT];
-    if (t[abi::F_ROUTED_EXPERT] < 0) return true;
     const int col0 = t[abi::F_MOE_UPGATE_COL0], cols = t[abi::F_MOE_UPGATE_COLS], R = 2 * cols;
     const int bp = padded_rows(count);
     const int* rows = routed_rows(c.st, t, count);
@@ -171,13 +179,11 @@ struct MoeDownOp {
 
   static __device__ bool load(Producer& p, const Task& t) {
     const int expert = t[abi::F_ROUTED_EXPERT];
-    if (expert < 0) return true;
     const bf16* w = t.ly.ptr<const bf16>(abi::L_W2) + ((long long)expert * abi::kHidden + t[abi::F_MOE_DOWN_ROW0]) * K;
     return load_weight_rows<K, RS>(p, w, t[abi::F_MOE_DOWN_ROWS]);
   }
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
-    if (t[abi::F_ROUTED_EXPERT] < 0) return true;
     const int row0 = t[abi::F_MOE_DOWN_ROW0], R = t[abi::F_MOE_DOWN_ROWS];
     const int count = t[abi::F_ROUTED_COUNT], bp = padded_rows(count);
     const int* rows = routed_rows(c.st, t, count);

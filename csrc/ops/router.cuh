@@ -6,7 +6,7 @@
 // ROUTER_TOPK: per batch row the k best scores (lowest expert id on ties), their weights (renormalised
 // only when the config says so; North Mini Code: no), and the layer's expert work list: each chosen expert
 // gets a slot in ascending expert order, with its (token * K + k) rows in ascending order; slots past
-// num_active stay empty and the expert tasks of those slots return at once. Padding rows (seq_len 0) are
+// num_active stay empty and the producers skip those slots' expert tasks. Padding rows (seq_len 0) are
 // not routed. With the step's uniform_routing set, a row's experts are the first K distinct values of the
 // draws j = 0, 1, ... (a hash of layer, the row's position and j, modulo the expert count), with weight 1
 // (reference.uniform_experts, which says how this relates to vLLM's uniform_random routing simulation).
@@ -154,7 +154,10 @@ struct RouterTopkOp {
         }
         base += __popc(used);
       }
-      if (c.lane == 0) c.st.route()[0] = base;
+      if (c.lane == 0) {
+        c.st.route()[0] = base;
+        c.st.layer_active()[layer] = base;  // the producers' and the signaller's count of this layer's slots
+      }
     }
     c.mark_stages();
     consumer_sync();

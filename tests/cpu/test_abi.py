@@ -40,7 +40,7 @@ def test_missing_or_unknown_fields_are_refused():
 
 
 def test_unused_waits_are_no_barrier():
-    words = abi.encode(abi.Op.ROUTER_TOPK, 1, [(4, 1)], abi.NO_BARRIER, 0)
+    words = abi.encode(abi.Op.ROUTER_TOPK, 1, [(4, 1)], abi.NO_BARRIER, 0, down_barrier=7, down_tiles=2)
     assert words[abi.field_index(abi.Op.ROUTER_TOPK, "wait1_barrier")] == abi.NO_BARRIER
     assert words[abi.field_index(abi.Op.ROUTER_TOPK, "load_wait_barrier")] == abi.NO_BARRIER
 

@@ -382,6 +382,7 @@ def test_workspace_round_trip_resumes_the_step_exactly(dims, weights):
     b = simulate.Numerics(sched, weights, first)
     b.load_workspace(ws)
     assert b.slot_expert == a.slot_expert and b.slot_rows == a.slot_rows
+    assert a.layer_active and all(b.layer_active[layer] == n for layer, n in a.layer_active.items())
     for t in sched.tasks[cut:]:
         b(t)
     torch.testing.assert_close(b.out, whole, atol=0, rtol=0)
@@ -496,3 +497,63 @@ def test_dealing_by_layer_puts_every_layers_routing_on_the_same_sms(dims, weight
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     with pytest.raises(ValueError, match="deal="):
         StepShape(**shape, deal="random")
+
+
+@pytest.mark.parametrize("order", ["round_robin", "reverse", "random"])
+@pytest.mark.parametrize("claims", [True, False])
+def test_dead_slots_tasks_are_skipped_and_the_top_k_makes_up_the_down_barrier(dims, order, claims):
+    """With fewer routed experts than slots, the producers skip the dead slots' expert tasks (nothing is
+    published, nothing signals) and each top-k adds the dead slots' down tiles to its down barrier: the
+    step completes under every interleaving, runs exactly the live tasks, and the MoE combine still waits
+    on every down tile. Without the top-k's share it deadlocks at the combine."""
+    s = tiny_schedule(dims, 3, num_sms=3, expert_claims=claims)
+    slots = moe_slots(dims, 3)
+    live = {layer: 1 + layer % (slots - 1) for layer in range(dims.num_layers)}  # 1 .. slots-1 live
+    done = simulate.run(s, order=order, seed=11, live_slots=live.__getitem__)
+    dead = {t.index for t in s.tasks if t.op in (Op.MOE_UPGATE, Op.MOE_DOWN) and t.fields["slot"] >= live[t.layer]}
+    assert dead and sorted(done) == sorted(set(range(len(s.tasks))) - dead)
+    down = {t.fields["down_barrier"] for t in s.tasks if t.op == Op.ROUTER_TOPK}
+    assert down == {b for b, bar in enumerate(s.barriers) if bar.name.endswith(".moe_down")}
+    for t in s.tasks:
+        if t.op == Op.ROUTER_TOPK:
+            t.fields["down_barrier"] = NO_BARRIER
+    with pytest.raises(simulate.Deadlock, match=r"moe_down"):
+        simulate.run(s, order=order, seed=11, live_slots=live.__getitem__)
+
+
+def test_a_prefix_keeps_the_top_ks_share_only_where_it_keeps_the_whole_down_wave(dims):
+    """truncated(): a top-k whose layer's down wave is cut signals nothing extra (the kept dead tiles stay
+    unsignalled, and nothing kept waits on them); the prefix still completes with dead slots."""
+    s = tiny_schedule(dims, 3, num_sms=3)
+    layer = next(i for i, d in enumerate(dims.dense) if not d)
+    cut = s.wave_range(layer, "mlp_down")[0] + 1
+    prefix = s.truncated(cut)
+    share = {t.layer: t.fields["down_barrier"] for t in prefix.tasks if t.op == Op.ROUTER_TOPK}
+    assert share[layer] == NO_BARRIER
+    assert all(b != NO_BARRIER for lay, b in share.items() if lay < layer)
+    simulate.run(prefix, order="random", seed=2, live_slots=lambda lay: 1)
+
+
+def test_the_numerics_run_exactly_the_live_slots_expert_tiles(dims, weights):
+    """decode_step skips the dead slots' tasks as the kernel does, its routing being the numerics' own
+    top-k: each MoE layer runs its live slots' up/gate and down tiles and no others (a padding row leaves
+    slots dead). That the step still equals the reference is test_step_through_schedule_matches_reference."""
+    sim = PagedKVSim(dims, num_requests=3, max_len=40, block_size=4, seed=5)
+    sim.fill_history([30, 9, 0], generator=torch.Generator().manual_seed(5))
+    inp = sim.step([7, 8, None])
+    s = build_schedule(dims, StepShape(batch=3, num_sms=5, attn_splits=2, attn_min_tiles=1), TINY_I, TINY_DENSE_I)
+    numerics = simulate.Numerics(s, weights, clone_inputs(inp))
+    live, ran = {}, defaultdict(int)
+
+    def execute(t):
+        numerics(t)
+        if t.op == Op.ROUTER_TOPK:
+            live[t.layer] = len(numerics.slot_expert)
+        if t.op in (Op.MOE_UPGATE, Op.MOE_DOWN):
+            ran[t.layer] += 1
+
+    with torch.no_grad():
+        simulate.run(s, execute, live_slots=numerics.layer_active.__getitem__)
+    tiles = TINY_I // s.tiles.moe_up_cols + dims.hidden // s.tiles.moe_down_rows
+    assert live and all(n < moe_slots(dims, 3) for n in live.values())
+    assert dict(ran) == {layer: n * tiles for layer, n in live.items()}

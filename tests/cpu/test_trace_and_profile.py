@@ -8,6 +8,8 @@ import pytest
 from conftest import REPO, TINY_CONFIG
 from vllm_megakernel import reference as ref
 from vllm_megakernel.megakernel import abi, trace
+from vllm_megakernel.megakernel.abi import Op
+from vllm_megakernel.megakernel.layout import moe_slots
 from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 from vllm_megakernel.paged_kv import PagedKVSim
 
@@ -87,6 +89,31 @@ def test_wave_summary_recovers_run_wait_span_and_share(dims):
     assert sum(r.share for r in rows) * step_us == pytest.approx(busy)
     table = trace.markdown(step_us, rows)
     assert table.count("\n| ") == len(rows) + 1 and "step wall time" in table
+
+
+def test_skipped_expert_tasks_leave_no_record_and_the_summary_counts_the_ones_that_ran(dims):
+    """A dead slot's expert tasks are skipped by the producer (abi.py's routed descriptors) and leave no
+    trace record: the summaries count and time only what ran. Any other task without a record means the
+    launch did not finish."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 1000 for w in waves}, {w: 500 for w in waves})
+    up = [t for t in sched.tasks if t.op == Op.MOE_UPGATE]
+    per_layer = len(up) // len({t.layer for t in up})
+    dead = [t.index for t in up if t.fields["slot"] >= 1]  # one live slot per layer
+    rec[dead] = 0
+    _, rows = trace.summarize(sched, rec)
+    live_tiles = per_layer // moe_slots(dims, 2)
+    mlp_up = {r.wave: r for r in rows}["mlp_up"]  # the dense layers' up tasks are in the wave too
+    dense_up = sum(t.op == Op.DENSE_UPGATE for t in sched.tasks)
+    moe_layers = len({t.layer for t in up})
+    assert mlp_up.tasks_per_layer * mlp_up.layers == pytest.approx(dense_up + live_tiles * moe_layers)
+    moe = [t.layer for t in sched.tasks if t.op == Op.ROUTER_TOPK][:1]
+    _, timeline = trace.layer_timeline(sched, rec, moe)
+    assert {r.wave: r.tasks for r in timeline}["mlp_up"] == live_tiles
+    rec[next(t.index for t in sched.tasks if t.op == Op.O_PROJ)] = 0
+    with pytest.raises(ValueError, match="O_PROJ.*did not finish"):
+        trace.summarize(sched, rec)
 
 
 def test_an_unfinished_or_mismatched_trace_is_refused(dims):

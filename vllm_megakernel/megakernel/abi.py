@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -37,8 +37,8 @@ class Op(enum.IntEnum):
     O_PROJ = 7  # rows of o_out = attn_out @ Wo^T
     DENSE_UPGATE = 8  # columns of dact = silu(hn @ Wg^T) * (hn @ Wu^T), dense prefix layer
     DENSE_DOWN = 9  # rows of mlp_out = dact @ Wd^T, dense prefix layer
-    MOE_UPGATE = 10  # columns of act for the tokens of one expert slot; a slot past num_active: no-op
-    MOE_DOWN = 11  # rows of expert_out for the tokens of one expert slot; a slot past num_active: no-op
+    MOE_UPGATE = 10  # columns of act for the tokens of one expert slot; a slot past num_active: skipped
+    MOE_DOWN = 11  # rows of expert_out for the tokens of one expert slot; a slot past num_active: skipped
     MOE_COMBINE = 12  # columns of mlp_out[b] = sum_k weight[b, k] * expert_out[b, k]
 
 
@@ -72,10 +72,15 @@ HEADER_FIELDS = (
 #
 # Routed descriptors (``ROUTED_OPS``, the expert tasks): their last words are not written by the host. The
 # producer warp completes them from the layer's routing before the consumers see the descriptor (after its
-# claim, when the task claims, and its wait on the routing): ``expert`` (-1: the slot is past the routed
-# count, the task has no work), ``count`` (the slot's (token * K + k) rows) and, when count <=
-# ROUTED_PAIR_WORDS, the rows themselves in ``pair0``... (ascending). Neither side then reads the route
-# buffer again: the producer's one round trip for these words replaces two or three on each side.
+# claim, when the task claims, and its wait on the routing): ``expert``, ``count`` (the slot's (token * K +
+# k) rows) and, when count <= ROUTED_PAIR_WORDS, the rows themselves in ``pair0``... (ascending). Neither
+# side then reads the route buffer again: the producer's one round trip for these words replaces two or
+# three on each side. A task whose slot is past the layer's routed count (a dead slot: fewer distinct
+# experts than slots) is skipped: the producer publishes nothing for it and goes on to its next place, so
+# it costs no descriptor, consumer barrier, fence or signal. Its signal is made up elsewhere where a live
+# task waits on it: ROUTER_TOPK's ``down_barrier`` gets ``down_tiles`` for every dead slot from the top-k's
+# signaller (the down wave's barrier, which the MoE combine waits on in full); a dead slot's up/gate
+# barrier is waited on only by that slot's down tasks, skipped too, and stays short of its target.
 ROUTED_PAIR_WORDS = 16
 ROUTED_FIELDS = ("expert", "count") + tuple(f"pair{i}" for i in range(ROUTED_PAIR_WORDS))
 OP_FIELDS: dict[Op, tuple[str, ...]] = {
@@ -83,7 +88,7 @@ OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.NORM: ("row0", "rows", "final"),
     Op.QKV_ROPE: ("row0", "rows", "norm", "write_x"),
     Op.ROUTER: ("row0", "rows", "norm", "write_hn"),
-    Op.ROUTER_TOPK: (),
+    Op.ROUTER_TOPK: ("down_barrier", "down_tiles"),
     Op.ATTN_PARTIAL: ("request", "split"),
     Op.ATTN_COMBINE: ("request", "head0", "heads"),
     Op.O_PROJ: ("row0", "rows"),

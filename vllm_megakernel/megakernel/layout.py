@@ -179,9 +179,13 @@ def moe_slots(dims, batch: int) -> int:
 
 def route_offsets(dims, batch: int) -> dict[str, int]:
     """int32 word offsets in the route buffer: num_active at 0, slot_expert[slots], slot_count[slots],
-    slot_rows[slots][batch] (the (token * K + k) rows of each slot's expert, ascending)."""
+    slot_rows[slots][batch] (the (token * K + k) rows of each slot's expert, ascending), then every layer's
+    num_active (layer_active[num_layers]): the rest is rewritten by each layer's top-k, these words are not,
+    so a producer that reaches a layer's expert place late still reads that layer's count."""
     slots = moe_slots(dims, batch)
-    return {"expert": 1, "count": 1 + slots, "rows": 1 + 2 * slots, "size": 1 + 2 * slots + slots * batch}
+    rows_end = 1 + 2 * slots + slots * batch
+    return {"expert": 1, "count": 1 + slots, "rows": 1 + 2 * slots, "layer_active": rows_end,
+            "size": rows_end + dims.num_layers}
 
 
 def workspace_spec(dims, batch: int, splits: int, moe_intermediate: int, dense_intermediate: int

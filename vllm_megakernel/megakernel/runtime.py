@@ -160,7 +160,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     }
     step.setdefault("route_log", 0)
     trace_buf = None
-    if trace:  # every launch of this step overwrites one record per task (megakernel.trace reads them)
+    if trace:  # every launch of this step zeroes it and writes one record per task that ran (megakernel.trace)
         trace_buf = torch.zeros(len(schedule.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64, device=dev)
     step["trace"] = _addr(trace_buf) if trace_buf is not None else 0
     step_table = torch.tensor([step[f] for f in abi.STEP_FIELDS], dtype=torch.int64, device=dev)
@@ -203,6 +203,8 @@ def launch(step: DeviceStep) -> None:
     if step.unsupported:
         raise ValueError("the megakernel is compiled for another model shape: " + "; ".join(step.unsupported))
     step.barriers.zero_()
+    if step.trace is not None:  # a dead slot's skipped task leaves no record: none may stay from a launch before
+        step.trace.zero_()
     _C.launch_decode(
         step_table=step.step_table.data_ptr(), layer_table=step.layer_table.data_ptr(),
         tasks=step.tasks.data_ptr(), max_tasks=step.tasks.shape[1], grid=step.tasks.shape[0],

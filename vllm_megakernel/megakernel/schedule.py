@@ -19,8 +19,10 @@ the argument carries over. The simulator checks this rather than trusting it.
 Dependencies are barriers (counters). A barrier's target is the number of tasks that signal it -- derived
 here, never written by hand -- and every wait on it waits for exactly that target. Work that depends on
 live data (sequence lengths, routing) keeps static task counts: an attention split past the end of its
-sequence (which also skips its waits: abi.WAITS_ONLY_IF_WORK), or an expert slot past the number of experts
-actually chosen, still runs and still signals, it just has nothing to compute. Every task declares the
+sequence still runs and still signals, it just has nothing to compute (and skips its waits:
+abi.WAITS_ONLY_IF_WORK). An expert slot past the number of experts actually chosen is the exception: its
+tasks are skipped by their producers, and the layer's top-k signals the down wave's barrier for them
+(abi.py's routed descriptors; simulate.run's ``live_slots``). Every task declares the
 logical buffer regions it reads and writes, so the simulator can prove that every conflicting pair of
 tasks is ordered by the barriers. A region is a tuple key; a write names a whole key, a read may name a
 prefix of keys (``("o", 1)`` reads every ``("o", 1, unit)``).
@@ -208,6 +210,11 @@ class Schedule:
         for t in tasks:
             if t.signal != NO_BARRIER:
                 barriers[t.signal].target += 1
+        # A top-k makes up the dead slots' skipped down tiles of its whole wave: only where the prefix keeps
+        # that wave whole (else its kept dead tiles stay unsignalled, and nothing kept waits on them).
+        whole = {b for b, bar in enumerate(barriers) if bar.target == self.barriers[b].target}
+        tasks = [dataclasses.replace(t, fields={**t.fields, "down_barrier": NO_BARRIER})
+                 if t.op == Op.ROUTER_TOPK and t.fields["down_barrier"] not in whole else t for t in tasks]
         sm_tasks = [[i for i in lst if i < num_tasks] for lst in self.sm_tasks]
         return Schedule(self.dims, self.shape, self.tiles, tasks, barriers, sm_tasks)
 
@@ -308,8 +315,11 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
 
         def topk_wave():  # top-k and the expert work list
             bar["route"] = b.barrier(f"{L}.route")
+            # the down wave's barrier, made up by the top-k for the dead slots' skipped tiles (abi.py)
+            bar["down"] = b.barrier(f"{L}.moe_down")
             b.task(Op.ROUTER_TOPK, layer, "router_topk", waits=(bar["router"],), signal=bar["route"],
-                   reads=(("scores",),), writes=(("route",), ("topk_w",)))
+                   reads=(("scores",),), writes=(("route",), ("topk_w",)), down_barrier=bar["down"],
+                   down_tiles=H // tiles.moe_down_rows)
 
         def attn_wave():
             bar["attn"] = _attn_partial_wave(b, layer, B, S, bar["qkv"])
@@ -340,7 +350,6 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                            reads=(("dact",),), writes=_units("mlp", p, t * n, n), row0=t * n, rows=n)
                 return
             n, route = tiles.moe_down_rows, bar["route"]
-            bar["down"] = b.barrier(f"{L}.moe_down")
             claim = b.barrier(f"{L}.moe_down.claims") if shape.expert_claims else NO_BARRIER
             for s in range(slots):
                 for t in range(H // n):

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_megakernel.megakernel import layout
-from vllm_megakernel.megakernel.abi import KERNEL, NO_BARRIER, ROUTED_OPS
+from vllm_megakernel.megakernel.abi import KERNEL, NO_BARRIER, ROUTED_OPS, Op
 from vllm_megakernel.megakernel.runtime import workspace_dtype
 from vllm_megakernel.megakernel.schedule import Schedule, Task
 from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route, uniform_experts
@@ -62,7 +62,8 @@ class RaceError(ScheduleError):
 
 
 def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order: str = "round_robin",
-        seed: int = 0, placed: list[list[int]] | None = None) -> list[int]:
+        seed: int = 0, placed: list[list[int]] | None = None,
+        live_slots: Callable[[int], int] | None = None) -> list[int]:
     """Executes the schedule; returns task indices in the order they ran.
 
     ``order``: ``"round_robin"`` advances SMs in turn; ``"random"`` picks a random runnable SM each time
@@ -78,6 +79,12 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     order's choice -- as far as they can (``round_robin``), only to the consumer's next place
     (``reverse``), a random distance each time (``random``) -- each a legal behaviour of the kernel's
     producers. ``placed``, when given, receives each SM's list as it ran, claimed tasks in their places.
+
+    ``live_slots``, when given, is the routing: a layer's number of live expert slots, asked once the
+    layer's routing is complete. A routed task of a dead slot is then skipped as the kernel's producer
+    skips it (abi.py's routed descriptors: never published, never run, no signal), and each top-k adds
+    its dead slots' down tiles to its ``down_barrier``. Without it every slot is live (a routing that
+    fills every slot), and the top-k adds nothing.
     """
     _check_producer_waits(schedule)
     claimable: dict[int, list[int]] = defaultdict(list)  # counter -> its wave's tasks, in claim order
@@ -93,9 +100,13 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     published = [0] * n  # places the producer has published (and claimed, where claiming)
     producer_blocked = [NO_BARRIER] * n  # the load_wait barrier a producer last stopped on
     claimed_place = [-1] * n  # the last place each producer took a claim for
+    made_up = {t.fields["down_barrier"] for t in schedule.tasks
+               if t.op == Op.ROUTER_TOPK and t.fields["down_barrier"] != NO_BARRIER}
+    unsignalled = [0] * len(schedule.barriers)  # skipped tasks' signals nothing makes up
     rng = random.Random(seed)
     done: list[int] = []
     remaining = sum(len(t) for t in lists)
+    skipped = 0
     waiting: dict[int, list[int]] = defaultdict(list)  # barrier -> SMs whose next task waits on it
     producers_waiting: dict[int, list[int]] = defaultdict(list)  # barrier -> SMs whose producer waits on it
     ready: set[int] = set()
@@ -106,6 +117,7 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
 
     def advance(sm: int) -> None:
         """The producer takes places until its lookahead or an incomplete load_wait stops it."""
+        nonlocal skipped
         if not complete(producer_blocked[sm]):
             return
         reach = DESC_SLOTS if order == "round_robin" else 1 if order == "reverse" else rng.randint(1, DESC_SLOTS)
@@ -117,11 +129,19 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
                 lst[place] = claimable[task.claim][claimed[task.claim]]
                 claimed[task.claim] += 1
                 claimed_place[sm] = place
+            task = schedule.tasks[lst[place]]  # the tile it claimed (its slot, its signal)
             routed = task.op in ROUTED_OPS  # its descriptor is completed from the routing before publishing
             if routed and not complete(task.load_wait):
                 producer_blocked[sm] = task.load_wait
                 producers_waiting[task.load_wait].append(sm)
                 return
+            if routed and live_slots is not None and task.fields["slot"] >= live_slots(task.layer):
+                lst.pop(place)  # a dead slot's task: not published; the next place moves up
+                claimed_place[sm] = -1
+                skipped += 1
+                if task.signal != NO_BARRIER and task.signal not in made_up:
+                    unsignalled[task.signal] += 1
+                continue
             published[sm] += 1
             if not complete(task.load_wait):  # published; the producer is stuck in its loads
                 producer_blocked[sm] = task.load_wait
@@ -143,9 +163,24 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
                 return
         ready.add(sm)
 
+    def signal(task: Task, b: int, k: int) -> None:
+        counts[b] += k
+        if counts[b] > targets[b]:
+            raise BarrierOverflow(
+                f"{task.describe()} signalled {schedule.barrier_name(b)} to {counts[b]}, past its target {targets[b]}"
+            )
+        if counts[b] == targets[b]:
+            for other in producers_waiting.pop(b, []):
+                if published[other] <= pcs[other]:  # its consumers were waiting for it
+                    park(other)
+                else:
+                    advance(other)
+            for other in waiting.pop(b, []):
+                park(other)
+
     for sm in range(n):
         park(sm)
-    while remaining:
+    while remaining - skipped:
         if not ready:
             raise Deadlock(_deadlock_report(schedule, lists, pcs, counts, published, producer_blocked))
         if order == "random":
@@ -160,27 +195,17 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
         if execute is not None:
             execute(task)
         if task.signal != NO_BARRIER:
-            counts[task.signal] += 1
-            target = targets[task.signal]
-            if counts[task.signal] > target:
-                raise BarrierOverflow(
-                    f"{task.describe()} signalled {schedule.barrier_name(task.signal)} to "
-                    f"{counts[task.signal]}, past its target {target}"
-                )
-            if counts[task.signal] == target:
-                for other in producers_waiting.pop(task.signal, []):
-                    if published[other] <= pcs[other]:  # its consumers were waiting for it
-                        park(other)
-                    else:
-                        advance(other)
-                for other in waiting.pop(task.signal, []):
-                    park(other)
+            signal(task, task.signal, 1)
+        if task.op == Op.ROUTER_TOPK and live_slots is not None and task.fields["down_barrier"] != NO_BARRIER:
+            dead = schedule.num_slots - live_slots(task.layer)
+            if dead > 0:  # the dead slots' down tiles, which their producers will skip
+                signal(task, task.fields["down_barrier"], dead * task.fields["down_tiles"])
         pcs[sm] += 1
         remaining -= 1
         done.append(task.index)
         park(sm)
     wrong = [(schedule.barrier_name(b), counts[b], bar.target) for b, bar in enumerate(schedule.barriers)
-             if counts[b] != bar.target]
+             if counts[b] + unsignalled[b] != bar.target]
     if wrong:
         raise BarrierCountError("barriers off target after the step (name, seen, target): " + repr(wrong[:10]))
     if placed is not None:
@@ -344,6 +369,7 @@ class Numerics:
             setattr(self, name, torch.full(shape, float("nan"), dtype=workspace_dtype(kind, dt), device=dev))
         self.slot_expert: list[int] = []
         self.slot_rows: list[list[int]] = []
+        self.layer_active: dict[int, int] = {}  # each routed layer's slot count (the route buffer keeps them)
         self.live = inputs.seq_lens > 0
 
     # -- the kernel's workspace: every buffer is a flat prefix laid out for this schedule's batch and splits;
@@ -364,6 +390,8 @@ class Numerics:
         counts = route[off["count"]:off["count"] + active]
         base = off["rows"]
         self.slot_rows = [route[base + s * B:base + s * B + counts[s]] for s in range(active)]
+        self.layer_active = {layer: route[off["layer_active"] + layer] for layer in range(self.dims.num_layers)
+                             if not self.dims.dense[layer]}
 
     def store_workspace(self, ws: dict[str, torch.Tensor]) -> None:
         """The inverse of :meth:`load_workspace`: writes this state in the kernel's layout."""
@@ -378,6 +406,8 @@ class Numerics:
             route[off["count"] + s] = len(rows)
             base = off["rows"] + s * B
             route[base:base + len(rows)] = torch.tensor(rows, dtype=route.dtype)
+        for layer, n in self.layer_active.items():
+            route[off["layer_active"] + layer] = n
 
     def __call__(self, task: Task) -> None:
         fields = {k: v for k, v in task.fields.items() if k != "claim"}  # where the task came from, not what it does
@@ -505,7 +535,7 @@ class Numerics:
         logits = h @ self.w.layers[layer].router[row0:row0 + rows].t()  # bf16, like vLLM's gate
         self.scores[:, row0:row0 + rows] = logits.float().sigmoid()
 
-    def router_topk(self, layer: int) -> None:
+    def router_topk(self, layer: int, down_barrier: int, down_tiles: int) -> None:
         dims = self.dims
         if self.uniform_routing:
             experts = uniform_experts(layer, self.inp.positions, dims.top_k, dims.num_experts)
@@ -523,10 +553,11 @@ class Numerics:
                     rows[e].append(r * dims.top_k + k)
         self.slot_expert = sorted(rows)
         self.slot_rows = [rows[e] for e in self.slot_expert]
+        self.layer_active[layer] = len(self.slot_expert)
 
     def moe_upgate(self, layer: int, slot: int, col0: int, cols: int) -> None:
         if slot >= len(self.slot_expert):
-            return  # fewer experts chosen than slots: this slot has no work
+            return  # a dead slot's task: the kernel's producer skips it; run here anyway, it changes nothing
         lw, K = self.w.layers[layer], self.dims.top_k
         inter = lw.w2.shape[2]
         e, rows = self.slot_expert[slot], self.slot_rows[slot]
@@ -537,7 +568,7 @@ class Numerics:
 
     def moe_down(self, layer: int, slot: int, row0: int, rows: int) -> None:
         if slot >= len(self.slot_expert):
-            return
+            return  # as in moe_upgate
         e, token_rows = self.slot_expert[slot], self.slot_rows[slot]
         w2 = self.w.layers[layer].w2[e, row0:row0 + rows]
         self.eout[token_rows, row0:row0 + rows] = self.act[token_rows] @ w2.t()
@@ -564,7 +595,8 @@ def decode_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, orde
         raise ValueError(f"inputs have batch {inputs.input_ids.shape[0]}, schedule {schedule.shape.batch}")
     numerics = Numerics(schedule, weights, inputs, uniform_routing)
     with torch.no_grad():
-        run(schedule, numerics, order=order, seed=seed)
+        # a layer's routed tasks are reached only after its top-k, which recorded the layer's slot count
+        run(schedule, numerics, order=order, seed=seed, live_slots=numerics.layer_active.__getitem__)
     return numerics.out
 
 

@@ -46,23 +46,35 @@ class WaveTime:
     share: float  # summed spans / step time
 
 
-def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[WaveTime]]:
-    """(step wall time in us, per-wave rows in step order) from a [num_tasks, TRACE_FIELDS] record tensor."""
+def ran_tasks(schedule: Schedule, records: torch.Tensor) -> torch.Tensor:
+    """bool [num_tasks]: the tasks that ran and left a record. Only an expert task may have none (a dead
+    slot's, which the producer skips: abi.py's routed descriptors); any other missing record means the
+    launch did not finish (or was not traced)."""
     rec = records.detach().to("cpu", torch.int64)
     if rec.shape != (len(schedule.tasks), len(abi.TRACE_FIELDS)):
         raise ValueError(f"trace has shape {tuple(rec.shape)}, schedule has {len(schedule.tasks)} tasks")
+    ran = rec[:, abi.TRACE_FIELDS.index("end_ns")] > 0
+    missing = [t.index for t in schedule.tasks if not ran[t.index] and t.op not in abi.ROUTED_OPS]
+    if missing:
+        raise ValueError(f"{len(missing)} tasks have no trace record (first: "
+                         f"{schedule.tasks[missing[0]].describe()}): the launch did not finish (or was not traced)")
+    return ran
+
+
+def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[WaveTime]]:
+    """(step wall time in us, per-wave rows in step order) from a [num_tasks, TRACE_FIELDS] record tensor."""
+    rec = records.detach().to("cpu", torch.int64)
     f = {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
-    if (f["end_ns"] == 0).any():
-        missing = int((f["end_ns"] == 0).sum())
-        raise ValueError(f"{missing} tasks have no trace record: the launch did not finish (or was not traced)")
-    t0, t1 = int(f["wait_start_ns"].min()), int(f["end_ns"].max())
+    ran = ran_tasks(schedule, rec)
+    t0, t1 = int(f["wait_start_ns"][ran].min()), int(f["end_ns"][ran].max())
     step_us = (t1 - t0) / 1e3
     by_wave: dict[str, list[int]] = defaultdict(list)
     order: list[str] = []
     for t in schedule.tasks:
         if t.wave not in by_wave:
             order.append(t.wave)
-        by_wave[t.wave].append(t.index)
+        if ran[t.index]:
+            by_wave[t.wave].append(t.index)
     rows = []
     for wave in order:
         idx = torch.tensor(by_wave[wave])
@@ -104,9 +116,11 @@ def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[f
     layers. A layer's waves overlap, so this shows which one ends last and what waited behind what."""
     rec = records.detach().to("cpu", torch.int64)
     run, end = rec[:, abi.TRACE_FIELDS.index("run_start_ns")], rec[:, abi.TRACE_FIELDS.index("end_ns")]
+    ran = ran_tasks(schedule, rec)
     by_layer: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for t in schedule.tasks:
-        by_layer[t.layer][t.wave].append(t.index)
+        if ran[t.index]:
+            by_layer[t.layer][t.wave].append(t.index)
     layers = list(layers)
     if not layers or any(layer + 1 not in by_layer for layer in layers):
         raise ValueError(f"layers {layers}: each needs a following layer in the schedule")
