@@ -48,7 +48,7 @@ OPT_IN_REASON = ("the megakernel is opt-in until racecheck is clean on it and au
 # The largest decode batch measured at least as fast as stock vLLM -- together with every smaller batch
 # measured -- in the committed sweep below; a CPU test recomputes it from that sweep's results.json.
 MEASURED_MAX_BATCH = 8
-MEASURED_IN = "benchmarks/results/h200-2026-12-01-v2-topk-vs-stock-8k"
+MEASURED_IN = "benchmarks/results/h200-2026-12-01-v2-skip-vs-stock-8k"
 KERNEL_MAX_BATCH = KERNEL["max_batch"]
 
 _FIELDS: dict[str, type] = {"enabled": bool, "strict": bool, "max_batch": int}
