@@ -1,0 +1,196 @@
+"""Where a decode step's GPU time goes inside vLLM: every kernel, megakernel and stock side by side.
+
+    python -m benchmarks.step_profile --model configs/north-mini-code --load-format dummy \\
+        --batch 8 --context 8192 --steps 32 --out benchmarks/results/NAME
+
+The decode sweep gives one number per step; the megakernel's step inside vLLM has sat 0.2-0.65 ms above the
+kernel alone (benchmarks.kernel_profile) in the runs so far, and this tool says what that is. Each side runs
+in its own process (the switch is per process) with vLLM's defaults, as benchmarks.decode_sweep builds it
+(prefix-cached prompts, greedy sampling, ignore_eos). A side's worker prefills its batch, steps the engine
+until every request has its first token, then records ``--steps`` pure decode steps with vLLM's torch
+profiler (kernels inside CUDA graphs included), and times as many steps again without the profiler. The
+orchestrator reads each side's chrome trace and writes ``table.md`` (and ``profile.json``): per side, every
+GPU kernel, copy and memset with its calls, time per call and time per step, the GPU's busy time per step
+(the sum) and the profiled span per step, against the step's wall time unprofiled. The step count is the
+engine steps recorded; with async scheduling one step may be in flight at either end, so per-step figures
+are good to about 1/steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks import SIDE_CONFIG, write_json_atomic, write_text_atomic
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LEN_MARGIN = 16
+
+
+def gpu_events(trace: dict) -> list[dict]:
+    """The GPU activity of a torch profiler chrome trace: complete events of kernels, copies and memsets."""
+    return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES]
+
+
+def summarize(events: list[dict], steps: int, rows: int = 25) -> dict:
+    """Per kernel name: calls, total and per-call microseconds, and microseconds per step; the busy time
+    (sum of every event) and the span (first start to last end) per step. Rows sorted by total time; the
+    ones past ``rows`` folded into one "other" row."""
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    if not events:
+        raise ValueError("the trace holds no GPU events: was the profiler on, and did the engine step?")
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        by_name[e["name"]].append(float(e["dur"]))
+    table = [{"name": name, "calls": len(d), "us_per_call": sum(d) / len(d), "us_per_step": sum(d) / steps}
+             for name, d in by_name.items()]
+    table.sort(key=lambda r: -r["us_per_step"])
+    if len(table) > rows:
+        rest = table[rows:]
+        table = table[:rows] + [{"name": f"other ({len(rest)} kernels)", "calls": sum(r["calls"] for r in rest),
+                                 "us_per_call": None, "us_per_step": sum(r["us_per_step"] for r in rest)}]
+    start = min(float(e["ts"]) for e in events)
+    end = max(float(e["ts"]) + float(e["dur"]) for e in events)
+    return {"steps": steps, "busy_us_per_step": sum(float(e["dur"]) for e in events) / steps,
+            "span_us_per_step": (end - start) / steps, "kernels": table}
+
+
+def find_trace(folder: Path) -> Path:
+    """The one chrome trace vLLM's profiler wrote into a side's folder (tensorboard_trace_handler naming)."""
+    found = sorted(folder.glob("*.pt.trace.json"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"expected one *.pt.trace.json in {folder}, found {[p.name for p in found]}")
+    return found[0]
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Batch {result['batch']}, context {result['context']}, {result['steps']} profiled decode steps per "
+             f"side; GPU {result.get('gpu', '?')}, vLLM {result.get('vllm', '?')}.", ""]
+    for side, s in result["sides"].items():
+        if "error" in s:
+            lines += [f"## {side}", "", f"did not run: {s['error']}", ""]
+            continue
+        p = s["profile"]
+        lines += [f"## {side}", "",
+                  f"step wall time without the profiler: {s['wall_ms_per_step']:.3f} ms; GPU busy per profiled step "
+                  f"{p['busy_us_per_step'] / 1000:.3f} ms, profiled span per step {p['span_us_per_step'] / 1000:.3f} ms. "
+                  f"{s['decision']}", "",
+                  "| kernel | calls | us per call | us per step |", "|---|---|---|---|"]
+        for r in p["kernels"]:
+            per_call = "-" if r["us_per_call"] is None else f"{r['us_per_call']:.1f}"
+            name = r["name"].replace("|", "\\|")
+            lines.append(f"| {name[:110]} | {r['calls']} | {per_call} | {r['us_per_step']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def worker(args) -> None:
+    """One side: build the engine with vLLM's torch profiler configured, warm up, record ``steps`` pure
+    decode steps, time as many without the profiler, write a small JSON."""
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # for apply_model
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from benchmarks.decode_sweep import _decision, prompt_ids
+
+    trace_dir = Path(args.trace_dir).resolve()
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True, enable_prefix_caching=True,
+              additional_config=SIDE_CONFIG[args.worker], max_model_len=args.context + 3 * args.steps + 8 + LEN_MARGIN,
+              max_num_seqs=args.batch, gpu_memory_utilization=args.gpu_memory_utilization, seed=0,
+              profiler_config={"profiler": "torch", "torch_profiler_dir": str(trace_dir),
+                               "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False,
+                               "torch_profiler_dump_cuda_time_total": True})
+    info = llm.apply_model(_decision)[0]
+    engine = llm.llm_engine
+    prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, args.context, i)) for i in range(args.batch)]
+    # enough tokens for the warm-up steps, the profiled ones and the timed ones, with slack for async steps
+    params = SamplingParams(temperature=0.0, max_tokens=3 * args.steps + 8, ignore_eos=True)
+
+    def run(profile: bool) -> float:
+        for i, p in enumerate(prompts):
+            engine.add_request(f"profile-{profile}-{time.monotonic_ns()}-{i}", p, params)
+        started: set[str] = set()
+        while len(started) < len(prompts):  # the prefill (cached prompts: their last block) and first tokens
+            started.update(o.request_id for o in engine.step() if o.outputs and o.outputs[0].token_ids)
+        for _ in range(args.steps):  # decode steps nobody times: graphs, caches and clocks settle
+            engine.step()
+        if profile:
+            llm.start_profile()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        elapsed = time.perf_counter() - t0
+        if profile:
+            llm.stop_profile()
+        while engine.has_unfinished_requests():
+            engine.step()
+        return elapsed
+
+    run(False)  # warm-up: prefills the prompts into the prefix cache
+    wall = run(False)
+    run(True)
+    write_json_atomic(args.out, {"side": args.worker, "wall_ms_per_step": 1000 * wall / args.steps, **info})
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--load-format", default="auto", help="dummy for timing-only weights")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=32, help="decode steps profiled per side (and as many timed)")
+    ap.add_argument("--sides", default="stock,megakernel")
+    ap.add_argument("--rows", type=int, default=25, help="kernels listed per side; the rest in one row")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-step-profile"))
+    ap.add_argument("--worker", choices=list(SIDE_CONFIG), help=argparse.SUPPRESS)
+    ap.add_argument("--trace-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if args.steps < 1 or args.batch < 1:
+        ap.error("--steps and --batch must be >= 1")
+
+    import torch
+    import vllm
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"batch": args.batch, "context": args.context, "steps": args.steps, "gpu": torch.cuda.get_device_name(),
+              "vllm": vllm.__version__, "sides": {},
+              "command": " ".join([sys.executable, "-m", "benchmarks.step_profile"] + (argv or sys.argv[1:]))}
+    for side in args.sides.split(","):
+        trace_dir, part = args.out / f"{side}-trace", args.out / f"{side}.json"
+        part.unlink(missing_ok=True)
+        for old in trace_dir.glob("*.pt.trace.json"):  # never read an earlier run's trace
+            old.unlink()
+        cmd = [sys.executable, "-m", "benchmarks.step_profile", "--worker", side, "--model", args.model,
+               "--load-format", args.load_format, "--batch", str(args.batch), "--context", str(args.context),
+               "--steps", str(args.steps), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+               "--seed", str(args.seed), "--trace-dir", str(trace_dir), "--out", str(part)]
+        rc = subprocess.run(cmd).returncode
+        try:
+            if rc:
+                raise RuntimeError(f"the {side} worker exited {rc}; see its output above")
+            side_result = json.loads(part.read_text())
+            trace = json.loads(find_trace(trace_dir).read_text())
+            side_result["profile"] = summarize(gpu_events(trace), args.steps, args.rows)
+        except (RuntimeError, FileNotFoundError, ValueError) as e:
+            side_result = {"error": str(e)}
+        result["sides"][side] = side_result
+    write_json_atomic(args.out / "profile.json", result, indent=1)
+    text = markdown(result)
+    write_text_atomic(args.out / "table.md", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
