@@ -11,7 +11,8 @@ of one traced launch, with the bytes each wave must move per layer (every weight
 the bandwidth that gives over the wave's span. This is the tool for deciding what v2 changes; end-to-end
 speed against stock vLLM comes from benchmarks.decode_sweep. --schedules compares schedules in one run:
 each is a comma-separated list of StepShape choices (attn_splits, attn_min_tiles, combine_heads, norm,
-order: a schedule.WAVE_ORDERS name, expert_claims: 0 or 1, deal: a schedule.DEALS name) and
+order: a schedule.WAVE_ORDERS name, expert_claims: 0 or 1, o_within_down: a fraction, deal: a schedule.DEALS
+name) and
 GEMM task sizes (layout.GemmTiles fields), or "default". With --out the report is also written there
 (report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
 schedule's traced launches).
@@ -28,8 +29,10 @@ from pathlib import Path
 ATTENTION_WAVES = ("attn_partial", "attn_combine")
 
 
-SHAPE_KEYS = ("attn_splits", "attn_min_tiles", "combine_heads", "norm", "order", "expert_claims", "deal")
-SHAPE_VALUE = {"norm": str, "order": str, "deal": str, "expert_claims": lambda v: bool(int(v))}  # the rest: ints
+SHAPE_KEYS = ("attn_splits", "attn_min_tiles", "combine_heads", "norm", "order", "expert_claims", "o_within_down",
+              "deal")
+SHAPE_VALUE = {"norm": str, "order": str, "deal": str, "expert_claims": lambda v: bool(int(v)),
+               "o_within_down": float}  # the rest: ints
 
 
 def parse_schedule(text: str) -> dict:

@@ -521,6 +521,49 @@ def test_dead_slots_tasks_are_skipped_and_the_top_k_makes_up_the_down_barrier(di
         simulate.run(s, order=order, seed=11, live_slots=live.__getitem__)
 
 
+@pytest.mark.parametrize("batch, order, fraction", [(1, "random", 0.4), (3, "reverse", 0.5), (5, "random", 0.3)])
+def test_o_projection_dealt_among_the_down_places_runs_the_same_step(dims, weights, batch, order, fraction):
+    """o_within_down deals each layer's O projection places after that fraction of its down places: every
+    SM's list then holds, per layer, its down places (before) and its O places (after) in the dealt
+    proportions, the step is deadlock- and race-free under any SM order, and it computes exactly what the
+    default dealing computes."""
+    gen = torch.Generator().manual_seed(batch)
+    lengths = [5, 9, 2, 7, 1][:batch]
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
+    sim.fill_history(lengths, generator=gen)
+    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    shape = dict(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1)
+    plain = build_schedule(dims, StepShape(**shape), *weights.intermediates())
+    within = build_schedule(dims, StepShape(**shape, o_within_down=fraction), *weights.intermediates())
+    assert [t.fields for t in within.tasks] == [t.fields for t in plain.tasks]  # same tasks, dealt otherwise
+    for layer in range(dims.num_layers):
+        down0, down1 = within.wave_range(layer, "mlp_down")
+        o0, o1 = within.wave_range(layer, "o_proj")
+        before = after = 0  # down places ahead of / behind the SM's first O place, over the SMs
+        for lst in within.sm_tasks:
+            mine = [i for i in lst if down0 <= i < down1 or o0 <= i < o1]
+            first_o = next((k for k, i in enumerate(mine) if o0 <= i < o1), len(mine))
+            before += sum(down0 <= i < down1 for i in mine[:first_o])
+            after += sum(down0 <= i < down1 for i in mine[first_o:])
+        # round-robin: about the fraction of the down places lies ahead of the O places, the rest behind
+        assert abs(before - round((down1 - down0) * fraction)) <= within.shape.num_sms and after > 0
+        assert all(lst.index(i) > lst.index(c) for lst in within.sm_tasks for i in lst if o0 <= i < o1
+                   for c in lst if within.tasks[c].layer == layer and within.tasks[c].wave == "attn_combine")
+    simulate.check_races(within, order=order, seed=batch)
+    got = simulate.decode_step(within, weights, clone_inputs(inp), order=order, seed=batch)
+    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_o_within_down_needs_an_order_that_allows_it():
+    for bad in ({"o_within_down": 1.0}, {"o_within_down": -0.1},
+                {"o_within_down": 0.5, "order": "experts_then_combine"},
+                {"o_within_down": 0.5, "order": "o_proj_before_down"}):
+        with pytest.raises(ValueError, match="o_within_down"):
+            StepShape(batch=3, num_sms=5, **bad)
+    StepShape(batch=3, num_sms=5, o_within_down=0.5, order="combine_before_experts")
+
+
 def test_a_prefix_keeps_the_top_ks_share_only_where_it_keeps_the_whole_down_wave(dims):
     """truncated(): a top-k whose layer's down wave is cut signals nothing extra (the kept dead tiles stay
     unsignalled, and nothing kept waits on them); the prefix still completes with dead slots."""

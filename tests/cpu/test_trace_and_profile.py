@@ -226,3 +226,16 @@ def test_candidate_kernel_patches_still_apply_to_the_tree():
     for patch in patches:
         done = subprocess.run(["git", "apply", "--check", str(patch)], cwd=REPO, capture_output=True, text=True)
         assert done.returncode == 0, f"{patch.name} no longer applies: {done.stderr}"
+
+
+def test_kernel_profile_parses_every_schedule_choice_it_names():
+    """--schedules takes StepShape's choices by name (a typo fails before minutes of GPU work)."""
+    from benchmarks.kernel_profile import parse_schedule
+    from vllm_megakernel.megakernel.schedule import StepShape
+
+    shape = parse_schedule("order=combine_before_experts,o_within_down=0.4,expert_claims=1,moe_down_rows=64")
+    assert shape == {"order": "combine_before_experts", "o_within_down": 0.4, "expert_claims": True,
+                     "tiles": (("moe_down_rows", 64),)}
+    assert StepShape(batch=8, num_sms=132, **shape).o_within_down == 0.4
+    with pytest.raises(ValueError, match="unknown schedule choice"):
+        parse_schedule("o_within=0.4")

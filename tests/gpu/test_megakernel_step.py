@@ -37,7 +37,7 @@ def compare(got, expected, live):
 
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
-             bulk_fill=False, expert_claims=True, deal="by_layer"):
+             bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN."""
     from vllm_megakernel import reference as ref
@@ -57,7 +57,7 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
     inp = sim.step(toks)
     mk_inp = dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=min_tiles,
-                                           expert_claims=expert_claims, deal=deal),
+                                           expert_claims=expert_claims, deal=deal, o_within_down=o_within_down),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -162,6 +162,15 @@ def test_uniform_routing_draws_the_references_experts_with_weight_one(wide, batc
     expected = ref.decode_step(dims, w, inp, uniform_routing=True)
     cos, err = compare(got, expected, live)
     print(f"uniform routing, batch {batch}: min cosine {cos:.6f}, max rel err {err:.4f}")
+
+
+@pytest.mark.parametrize("batch, lengths", [(1, [3000]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])
+def test_o_projection_dealt_among_the_down_places_leaves_the_step_matching_the_reference(wide, batch, lengths):
+    """o_within_down=0.4: each layer's O projection places sit after 40% of its down places in the SMs'
+    lists (they wait on the attention combine, ahead of every down place)."""
+    dims, w = wide
+    (cos, err), _ = one_step(dims, w, lengths, batch, 8, o_within_down=0.4)
+    print(f"batch {batch}, O projection among the down places: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
 @pytest.mark.parametrize("batch, lengths", [(1, [3000]), (3, [5000, 300, 9000])])

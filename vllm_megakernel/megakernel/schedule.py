@@ -89,7 +89,9 @@ class StepShape:
     "wave": a norm wave, "fold": folded), GEMM task sizes (``tiles``: (GemmTiles field, value) pairs that
     replace layout.gemm_tiles' choice), the order of a layer's waves (a WAVE_ORDERS key), whether the
     expert tasks are claimed from a per-wave counter (abi's ``claim`` field) or run the tile they were
-    dealt, and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
+    dealt, where each layer's O projection places are dealt (``o_within_down``: after that fraction of the
+    layer's down-wave places instead of after all of them; 0, the default, keeps the wave order's place),
+    and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
     layer ("by_layer"), so that a layer's router tasks and top-k run on the same SMs every layer and its
     qkv tasks on the SMs after them, or round-robin over the whole step ("continuous"). Dealt by layer,
     the router and top-k code stays in those SMs' instruction caches: router tasks 11.0 -> 9.0 us and
@@ -105,6 +107,7 @@ class StepShape:
     tiles: tuple[tuple[str, int], ...] = ()
     order: str = "default"
     expert_claims: bool = True
+    o_within_down: float = 0.0
     deal: str = "by_layer"
 
     def __post_init__(self):
@@ -114,6 +117,15 @@ class StepShape:
             raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
         if self.deal not in DEALS:
             raise ValueError(f"deal={self.deal!r}: one of {DEALS}")
+        if not 0.0 <= self.o_within_down < 1.0:
+            raise ValueError(f"o_within_down={self.o_within_down}: a fraction of the down places, in [0, 1)")
+        waves = WAVE_ORDERS[self.order]
+        if self.o_within_down and not (waves.index("attn_combine") < waves.index("mlp_down")
+                                       and waves.index("o_proj") == waves.index("mlp_down") + 1):
+            # an O place among the down places waits on the combine: the SM's own combine tasks must come
+            # before it in its list, and the O wave must follow the down wave to be moved into it
+            raise ValueError(f"o_within_down needs an order with attn_combine before mlp_down and o_proj right "
+                             f"after it; {self.order!r} is not one")
         if self.batch < 1 or self.num_sms < 1 or self.attn_splits < 0 or self.attn_min_tiles < 1:
             raise ValueError(f"invalid step shape {self}")
         if self.batch > layout.MAX_BATCH:
@@ -433,16 +445,42 @@ def _attn_combine_wave(b: _Builder, layer: int, batch: int, num_heads: int, head
     return done
 
 
+def _deal_order(tasks: list[Task], shape: StepShape) -> list[Task]:
+    """The order tasks are dealt in: step order, except that with ``o_within_down`` each layer's O
+    projection wave (right after its down wave in step order, StepShape checks) is dealt after that fraction
+    of the down wave. The O projection then runs between down tiles, while HBM streams them, instead of as
+    a phase of its own after every SM's last down tile (PERF_LOG, batch 16)."""
+    if not shape.o_within_down:
+        return tasks
+    out, i = [], 0
+    while i < len(tasks):
+        if tasks[i].wave != "mlp_down":
+            out.append(tasks[i])
+            i += 1
+            continue
+        layer, j = tasks[i].layer, i
+        while j < len(tasks) and tasks[j].layer == layer and tasks[j].wave == "mlp_down":
+            j += 1
+        k = j
+        while k < len(tasks) and tasks[k].layer == layer and tasks[k].wave == "o_proj":
+            k += 1
+        cut = i + round((j - i) * shape.o_within_down)
+        out += tasks[i:cut] + tasks[j:k] + tasks[cut:j]
+        i = k
+    return out
+
+
 def _placed(b: _Builder, dims: ModelDims, shape: StepShape, tiles: layout.GemmTiles) -> Schedule:
-    """Barrier targets counted from the signalling tasks, and the tasks dealt round-robin in step order
-    (restarting at SM 0 on every layer with ``deal="by_layer"``). Every SM's list is in step order, a
-    topological order of the dependencies, whichever SM a task is dealt to."""
+    """Barrier targets counted from the signalling tasks, and the tasks dealt round-robin in dealing order
+    (_deal_order; restarting at SM 0 on every layer with ``deal="by_layer"``). Every SM's list is in step
+    order, a topological order of the dependencies, except for O projection places dealt among the down
+    places: those wait only on the attention combine, which is ahead of every down place in every list."""
     for t in b.tasks:
         if t.signal != NO_BARRIER:
             b.barriers[t.signal].target += 1
     sm_tasks: list[list[int]] = [[] for _ in range(shape.num_sms)]
     cursor, layer = 0, None
-    for t in b.tasks:  # round-robin in wave order
+    for t in _deal_order(b.tasks, shape):  # round-robin in dealing order
         if shape.deal == "by_layer" and t.layer != layer:
             cursor, layer = 0, t.layer
         t.sm = cursor % shape.num_sms
