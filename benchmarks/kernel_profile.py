@@ -12,9 +12,8 @@ the bandwidth that gives over the wave's span. This is the tool for deciding wha
 speed against stock vLLM comes from benchmarks.decode_sweep. --schedules compares schedules in one run:
 each is a comma-separated list of StepShape choices (attn_splits, attn_min_tiles, combine_heads, norm,
 order: a schedule.WAVE_ORDERS name, expert_claims: 0 or 1, o_within_down: a fraction, deal: a schedule.DEALS
-name) and
-GEMM task sizes (layout.GemmTiles fields), or "default". With --out the report is also written there
-(report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
+name) and GEMM task sizes (layout.GemmTiles fields), or "default". With --out the report is also written
+there (report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
 schedule's traced launches).
 """
 

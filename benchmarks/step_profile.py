@@ -30,7 +30,6 @@ from pathlib import Path
 from benchmarks import SIDE_CONFIG, write_json_atomic, write_text_atomic
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-LEN_MARGIN = 16
 
 
 def gpu_events(trace: dict) -> list[dict]:
@@ -98,12 +97,15 @@ def worker(args) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from benchmarks.decode_sweep import _decision, prompt_ids
+    from benchmarks.decode_sweep import LEN_MARGIN, _decision, prompt_ids
 
+    # enough new tokens per request for the warm-up steps, the timed ones and the profiled ones, with slack
+    # for the steps in flight under async scheduling
+    new_tokens = 3 * args.steps + 8
     trace_dir = Path(args.trace_dir).resolve()
     trace_dir.mkdir(parents=True, exist_ok=True)
     llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True, enable_prefix_caching=True,
-              additional_config=SIDE_CONFIG[args.worker], max_model_len=args.context + 3 * args.steps + 8 + LEN_MARGIN,
+              additional_config=SIDE_CONFIG[args.worker], max_model_len=args.context + new_tokens + LEN_MARGIN,
               max_num_seqs=args.batch, gpu_memory_utilization=args.gpu_memory_utilization, seed=0,
               profiler_config={"profiler": "torch", "torch_profiler_dir": str(trace_dir),
                                "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False,
@@ -111,8 +113,7 @@ def worker(args) -> None:
     info = llm.apply_model(_decision)[0]
     engine = llm.llm_engine
     prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, args.context, i)) for i in range(args.batch)]
-    # enough tokens for the warm-up steps, the profiled ones and the timed ones, with slack for async steps
-    params = SamplingParams(temperature=0.0, max_tokens=3 * args.steps + 8, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
 
     def run(profile: bool) -> float:
         for i, p in enumerate(prompts):
