@@ -79,18 +79,18 @@ def test_every_named_wave_order_is_a_complete_race_free_schedule(dims, weights, 
 
 def test_small_batches_fold_the_norm_and_large_ones_run_a_norm_wave(dims):
     """No single-SM norm task on a layer's critical path at small batches: the qkv / router / dense up
-    tasks compute it (one of each wave stores x or hn); above the register batch a norm wave of row
+    tasks compute it (one of each wave stores x or hn); from layout.WIDE_FROM_BATCH a norm wave of row
     chunks runs first and everyone reads hn."""
-    small = tiny_schedule(dims, layout.REGISTER_BATCH)
+    small = tiny_schedule(dims, layout.WIDE_FROM_BATCH - 1)
     assert not any(t.op == Op.NORM and t.layer < dims.num_layers for t in small.tasks)
     for layer in (0, 1):
         qkv = [t for t in small.tasks if t.layer == layer and t.op == Op.QKV_ROPE]
         assert all(t.fields["norm"] for t in qkv) and sum(t.fields["write_x"] for t in qkv) == 1
     routers = [t for t in small.tasks if t.layer == 1 and t.op == Op.ROUTER]
     assert sum(t.fields["write_hn"] for t in routers) == 1
-    big = tiny_schedule(dims, layout.REGISTER_BATCH + 1)
+    big = tiny_schedule(dims, layout.WIDE_FROM_BATCH)
     norms = [t for t in big.tasks if t.layer == 1 and t.op == Op.NORM]
-    assert len(norms) == 3 and sum(t.fields["rows"] for t in norms) == layout.REGISTER_BATCH + 1
+    assert len(norms) == 2 and sum(t.fields["rows"] for t in norms) == layout.WIDE_FROM_BATCH
     assert not any(t.fields.get("norm") for t in big.tasks if t.op != Op.NORM)
 
 
@@ -305,7 +305,7 @@ def test_attention_splits_give_every_sm_work_and_follow_the_live_length():
     them, so short contexts use fewer splits (the rest return at once) and the splits cover exactly the
     visible positions."""
     assert layout.attn_splits_for(1, 132) == 128 and layout.attn_splits_for(8, 132) == 17
-    assert layout.attn_splits_for(64, 132) == 3
+    assert layout.attn_splits_for(16, 132) == 8 and layout.attn_splits_for(64, 132) == 2  # at most one task per SM
     assert layout.attn_split_tiles(0, None, 8, 2) == (0, 0, 0)  # padding row
     assert layout.attn_split_tiles(1, None, 8, 2) == (0, 2, 1)
     assert layout.attn_split_tiles(8192 + 1, None, 128, 2) == (0, 5, 103)
@@ -521,20 +521,23 @@ def test_dead_slots_tasks_are_skipped_and_the_top_k_makes_up_the_down_barrier(di
         simulate.run(s, order=order, seed=11, live_slots=live.__getitem__)
 
 
-@pytest.mark.parametrize("batch, order, fraction", [(1, "random", 0.4), (3, "reverse", 0.5), (5, "random", 0.3)])
+@pytest.mark.parametrize("batch, order, fraction", [(1, "random", 0.4), (3, "reverse", 0.5), (5, "random", 0.3),
+                                                     (16, "reverse", None)])  # None: the batch's default
 def test_o_projection_dealt_among_the_down_places_runs_the_same_step(dims, weights, batch, order, fraction):
     """o_within_down deals each layer's O projection places after that fraction of its down places: every
     SM's list then holds, per layer, its down places (before) and its O places (after) in the dealt
     proportions, the step is deadlock- and race-free under any SM order, and it computes exactly what the
-    default dealing computes."""
+    wave order's dealing (o_within_down=0) computes."""
     gen = torch.Generator().manual_seed(batch)
-    lengths = [5, 9, 2, 7, 1][:batch]
+    lengths = [5, 9, 2, 7, 1, 3, 8, 4, 6, 2, 5, 1, 9, 7, 3, 4][:batch]
     sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
     sim.fill_history(lengths, generator=gen)
     inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
     shape = dict(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1)
-    plain = build_schedule(dims, StepShape(**shape), *weights.intermediates())
+    plain = build_schedule(dims, StepShape(**shape, o_within_down=0), *weights.intermediates())
     within = build_schedule(dims, StepShape(**shape, o_within_down=fraction), *weights.intermediates())
+    fraction = within.shape.o_within_down
+    assert fraction > 0
     assert [t.fields for t in within.tasks] == [t.fields for t in plain.tasks]  # same tasks, dealt otherwise
     for layer in range(dims.num_layers):
         down0, down1 = within.wave_range(layer, "mlp_down")
@@ -546,13 +549,31 @@ def test_o_projection_dealt_among_the_down_places_runs_the_same_step(dims, weigh
             before += sum(down0 <= i < down1 for i in mine[:first_o])
             after += sum(down0 <= i < down1 for i in mine[first_o:])
         # round-robin: about the fraction of the down places lies ahead of the O places, the rest behind
-        assert abs(before - round((down1 - down0) * fraction)) <= within.shape.num_sms and after > 0
+        ahead = round((down1 - down0) * fraction)
+        assert abs(before - ahead) <= within.shape.num_sms
+        # the places dealt after the O places land behind one on some SM, unless they are so few that
+        # they all fall on SMs that hold no O place (the tiny dense layer: 4 down and 4 O places, 5 SMs)
+        assert after > 0 or (down1 - down0) - ahead < within.shape.num_sms
         assert all(lst.index(i) > lst.index(c) for lst in within.sm_tasks for i in lst if o0 <= i < o1
                    for c in lst if within.tasks[c].layer == layer and within.tasks[c].wave == "attn_combine")
     simulate.check_races(within, order=order, seed=batch)
     got = simulate.decode_step(within, weights, clone_inputs(inp), order=order, seed=batch)
     want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_from_batch_16_the_default_runs_a_norm_wave_and_deals_the_o_projection_among_the_down_places():
+    """layout.WIDE_FROM_BATCH's defaults, measured to pay at batch 16 only: the norm as a wave, at most one
+    attention task per SM, the O projection after 70% of the down places; an explicit 0 or an order that
+    cannot move the O projection keeps it after the down places."""
+    assert layout.fold_norm(15) and not layout.fold_norm(16)
+    shape = StepShape(batch=16, num_sms=132)
+    assert shape.attn_splits * shape.batch <= shape.num_sms
+    assert StepShape(batch=8, num_sms=132).o_within_down == 0.0
+    assert StepShape(batch=16, num_sms=132).o_within_down == layout.O_WITHIN_DOWN > 0
+    assert StepShape(batch=64, num_sms=132).o_within_down == layout.O_WITHIN_DOWN
+    assert StepShape(batch=16, num_sms=132, o_within_down=0).o_within_down == 0.0
+    assert StepShape(batch=16, num_sms=132, order="experts_then_combine").o_within_down == 0.0
 
 
 def test_o_within_down_needs_an_order_that_allows_it():

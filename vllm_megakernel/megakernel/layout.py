@@ -127,18 +127,45 @@ def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
     )
 
 
+# From batch 16 the step's defaults change (measured at batch 16 only; 17-64 take them unmeasured): the
+# norm runs as a wave, at most one attention task per SM, and the O projection is dealt among the down
+# places. Together the step -4.8% at batch 16 (15384 -> 14640 us in one run; -4.6% with the folded norm in
+# another; benchmarks/results/h200-2026-12-01-v2-o-within-down).
+WIDE_FROM_BATCH = 16
+
+
 def fold_norm(batch: int) -> bool:
     """Small batches fold the RMSNorm into the tasks that read it (no single-SM norm wave on the critical
-    path); larger ones run a NORM wave spread over row chunks and every consumer reads hn."""
-    return batch <= REGISTER_BATCH
+    path); larger ones run a NORM wave spread over row chunks and every consumer reads hn. At batch 16
+    folding costs the router tasks 13.6 us of a 20.5 us task and the top-k waits behind them: the wave
+    measured 0.8-1.3% faster there (two runs)."""
+    return batch < WIDE_FROM_BATCH
 
 
 # -- attention splits
 
 
 def attn_splits_for(batch: int, num_sms: int) -> int:
-    """Splits per request: about one attention task per SM across the batch."""
+    """Splits per request: about one attention task per SM across the batch; from batch 16 at most one (at
+    batch 16 the ceiling's 9 splits made 144 tasks for 132 SMs, and the 12 SMs holding two ended attention
+    ~45 us after the median; 8 splits with the norm wave: the step -1.5 to -2.0% in three runs, the splits
+    alone -0.4% to -2.5%). Below 16 the ceiling stays: batch 8 measured 17 splits (136 tasks) 1.7% faster
+    than 16."""
+    if batch >= WIDE_FROM_BATCH:
+        return max(1, min(MAX_ATTN_SPLITS, num_sms // batch))
     return max(1, min(MAX_ATTN_SPLITS, -(-num_sms // batch)))
+
+
+O_WITHIN_DOWN = 0.7  # where o_within_down_for puts the O projection among the down places
+
+
+def o_within_down_for(batch: int) -> float:
+    """The fraction of a layer's down places dealt before its O projection places (schedule.StepShape's
+    ``o_within_down``; 0: after all of them). At batch 16 the O projection, left after the down wave, ran
+    as a phase of its own at every layer's end (~25 us at 18% of copy bandwidth); dealt after 70% of the
+    down places it overlaps them: the step -4.3 / -2.6 / -3.8 / -3.4% at batch 16 in four runs (0.3 and 0.5
+    less, 0.8 and 0.9 no better); within the spread at batch 1-8, where it is left off."""
+    return O_WITHIN_DOWN if batch >= WIDE_FROM_BATCH else 0.0
 
 
 def combine_heads_for(batch: int, num_heads: int) -> int:

@@ -6,8 +6,8 @@ order of the step's dependency graph. A MoE layer, with the RMSNorm folded into 
     router -> qkv -> router_topk -> attn_partial -> mlp_up -> attn_combine -> mlp_down -> o_proj -> moe_combine
 
 The dense prefix layer has no router, top-k or combine (``mlp_up``/``mlp_down`` are its SwiGLU). Batches
-above ``layout.REGISTER_BATCH`` rows start each layer with a ``norm`` wave instead (row chunks on many
-SMs), and the step ends with a ``final_norm`` wave. Tasks are numbered in that order and dealt round-robin
+from ``layout.WIDE_FROM_BATCH`` rows start each layer with a ``norm`` wave instead (row chunks on many
+SMs; ``layout.fold_norm``), and the step ends with a ``final_norm`` wave. Tasks are numbered in that order and dealt round-robin
 to SMs (restarting at SM 0 on every layer by default: ``StepShape.deal``), each SM's list in number order,
 so every SM's list is ordered consistently with one global topological order. That makes the step
 deadlock-free with spinning waits: the unfinished task with the smallest number is at the head of its SM's
@@ -90,7 +90,8 @@ class StepShape:
     replace layout.gemm_tiles' choice), the order of a layer's waves (a WAVE_ORDERS key), whether the
     expert tasks are claimed from a per-wave counter (abi's ``claim`` field) or run the tile they were
     dealt, where each layer's O projection places are dealt (``o_within_down``: after that fraction of the
-    layer's down-wave places instead of after all of them; 0, the default, keeps the wave order's place),
+    layer's down-wave places instead of after all of them; 0 keeps the wave order's place; None, the
+    default, takes layout.o_within_down_for the batch where the order allows it, else 0),
     and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
     layer ("by_layer"), so that a layer's router tasks and top-k run on the same SMs every layer and its
     qkv tasks on the SMs after them, or round-robin over the whole step ("continuous"). Dealt by layer,
@@ -107,7 +108,7 @@ class StepShape:
     tiles: tuple[tuple[str, int], ...] = ()
     order: str = "default"
     expert_claims: bool = True
-    o_within_down: float = 0.0
+    o_within_down: float | None = None
     deal: str = "by_layer"
 
     def __post_init__(self):
@@ -117,11 +118,14 @@ class StepShape:
             raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
         if self.deal not in DEALS:
             raise ValueError(f"deal={self.deal!r}: one of {DEALS}")
+        waves = WAVE_ORDERS[self.order]
+        o_movable = (waves.index("attn_combine") < waves.index("mlp_down")
+                     and waves.index("o_proj") == waves.index("mlp_down") + 1)
+        if self.o_within_down is None:
+            object.__setattr__(self, "o_within_down", layout.o_within_down_for(self.batch) if o_movable else 0.0)
         if not 0.0 <= self.o_within_down < 1.0:
             raise ValueError(f"o_within_down={self.o_within_down}: a fraction of the down places, in [0, 1)")
-        waves = WAVE_ORDERS[self.order]
-        if self.o_within_down and not (waves.index("attn_combine") < waves.index("mlp_down")
-                                       and waves.index("o_proj") == waves.index("mlp_down") + 1):
+        if self.o_within_down and not o_movable:
             # an O place among the down places waits on the combine: the SM's own combine tasks must come
             # before it in its list, and the O wave must follow the down wave to be moved into it
             raise ValueError(f"o_within_down needs an order with attn_combine before mlp_down and o_proj right "
