@@ -87,6 +87,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     # the middle MoE layers: the first and last layers of a step start or end it differently
     middle = [i for i in range(2, dims.num_layers - 2) if not dims.dense[i]]
     next_layer_us, timeline = trace.layer_timeline(sched, traced.trace, middle)
+    spread, sm_ends = trace.layer_ends(sched, traced.trace, middle)
     chosen = runtime.routing_log(traced.workspace, dims, batch)
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
@@ -103,6 +104,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
             "waves": [dataclasses.asdict(r) for r in rows],
             "timeline": {"layers": f"MoE layers {middle[0]}-{middle[-1]}", "next_layer_us": next_layer_us,
                          "waves": [dataclasses.asdict(r) for r in timeline]},
+            "ends": {"spread": spread, "waves": [dataclasses.asdict(r) for r in sm_ends]},
             "task_trace": task_trace}
 
 
@@ -177,6 +179,11 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
             tl = r["timeline"]
             lines += ["", timeline_markdown(tl["next_layer_us"], [LayerWave(**w) for w in tl["waves"]],
                                             tl["layers"]).rstrip("\n")]
+        if "ends" in r:  # nor the SMs' layer ends
+            from vllm_megakernel.megakernel.trace import SMEnds, ends_markdown
+
+            lines += ["", ends_markdown(r["ends"]["spread"], [SMEnds(**w) for w in r["ends"]["waves"]],
+                                        r["timeline"]["layers"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

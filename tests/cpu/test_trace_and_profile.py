@@ -65,6 +65,35 @@ def test_layer_timeline_places_each_wave_after_the_layer_start(dims):
         trace.layer_timeline(sched, rec, [dims.num_layers])  # the final norm: nothing follows it
 
 
+def test_layer_ends_say_when_the_sms_finish_a_layer_and_with_which_wave(dims):
+    """Per SM, its last task of the layer: every SM of the layer counts once, the last one ends with the
+    layer's last wave, and one SM held up 7 us at the end of every layer moves only the last SM's end and
+    that SM's row."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 1000 * (i + 1) for i, w in enumerate(waves)}, {w: 500 for w in waves})
+    moe = [i for i in range(dims.num_layers - 1) if not dims.dense[i]]
+    next_us, timeline = trace.layer_timeline(sched, rec, moe)
+    spread, rows = trace.layer_ends(sched, rec, moe)
+    assert sum(r.sms for r in rows) == len({t.sm for t in sched.tasks if t.layer == moe[0]})
+    assert spread["last"] == pytest.approx(timeline[-1].last_end_us) and spread["next_layer"] == pytest.approx(next_us)
+    assert spread["first"] <= spread["half"] <= spread["p90"] <= spread["last"]
+    last_wave = max(timeline, key=lambda r: r.last_end_us).wave
+    assert any(r.wave == last_wave and r.end_us == pytest.approx(spread["last"]) for r in rows)
+    late = rec.clone()
+    for layer in moe:  # the first task of the layer's last wave ends 7 us later
+        i = next(t.index for t in sched.tasks if t.layer == layer and t.wave == last_wave)
+        late[i, abi.TRACE_FIELDS.index("end_ns")] += 7000
+    spread2, rows2 = trace.layer_ends(sched, late, moe)
+    assert spread2["last"] == pytest.approx(spread["last"] + 7)
+    assert spread2["first"] == pytest.approx(spread["first"]) and spread2["half"] == pytest.approx(spread["half"])
+    assert [(r.wave, r.sms) for r in rows2] == [(r.wave, r.sms) for r in rows]
+    text = trace.ends_markdown(spread2, rows2, "MoE layers")
+    assert f"the last at {spread2['last']:.1f}" in text and f"| {last_wave} |" in text
+    with pytest.raises(ValueError, match="following layer"):
+        trace.layer_ends(sched, rec, [dims.num_layers])
+
+
 def test_wave_summary_recovers_run_wait_span_and_share(dims):
     sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
     waves = sorted({t.wave for t in sched.tasks})
@@ -151,6 +180,13 @@ def test_profile_report_bandwidth_arithmetic(dims):
     kv = [2 * 2 * (101 if not s else 8) * 2 * 2 * 16 for s in dims.sliding]
     assert kernel_profile.wave_bytes(config, "attn_partial", 100, 2, 7.0) == pytest.approx(sum(kv) / len(kv))
     assert "spans of every wave but attention, summed over the step: 0.01 ms" in text
+    assert "when the SMs finish the layer" not in text  # a profile from before layer_ends
+    ends = {"spread": {"first": 1.0, "half": 2.0, "p90": 3.0, "last": 4.5, "next_layer": 5.0},
+            "waves": [{"wave": "o_proj", "sms": 3.0, "run_start_us": 1.5, "end_us": 2.5, "wait_us": 0.25}]}
+    timeline = {"layers": "MoE layers 2-3", "next_layer_us": 5.0, "waves": []}
+    text = kernel_profile.report([dict(result, timeline=timeline, ends=ends)], bandwidth=1e12, config=config)
+    assert "half of them by 2.0, 90% by 3.0, the last at 4.5; the next layer's first task at 5.0" in text
+    assert "| o_proj | 3.0 | 1.5 | 2.5 | 0.2 |" in text
 
 
 def test_random_weights_have_the_checkpoint_layout_and_decode(dims, tiny_checkpoint):

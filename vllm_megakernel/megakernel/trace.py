@@ -14,7 +14,9 @@ SM, wait start, run start, end; globaltimer ns). This module turns it into a per
 
 ``layer_timeline`` shows the same records as one layer's critical path: when each wave's first task ran,
 when its tasks ended (median and last), relative to the layer's first task, and when the next layer began;
-medians over the layers asked for.
+medians over the layers asked for. ``layer_ends`` shows the layer's end from the SMs' side: when the SMs
+finished their last task of the layer (the first, half, 90% and the last of them) and which wave those
+last tasks belonged to, so a layer that ends late says whether a few SMs hold it up, and with what.
 
 Plain torch on the host; the CPU tests feed it synthetic records.
 """
@@ -141,6 +143,72 @@ def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[f
         rows.append(LayerWave(wave, len(by_layer[layers[0]][wave]),
                               *(float(torch.tensor(c).median()) for c in cols)))
     return float(torch.tensor(period).median()), rows
+
+
+@dataclasses.dataclass
+class SMEnds:
+    """The SMs whose last task of a layer belongs to one wave."""
+
+    wave: str
+    sms: float  # such SMs per layer (mean over the layers)
+    run_start_us: float  # their last tasks' run start (median; after the layer's first task started)
+    end_us: float  # their last tasks' end (median)
+    wait_us: float  # their last tasks' wait on input barriers (median)
+
+
+def _median(values: list[float]) -> float:
+    return float(torch.tensor(values, dtype=torch.float64).median())
+
+
+def layer_ends(schedule: Schedule, records: torch.Tensor, layers) -> tuple[dict[str, float], list[SMEnds]]:
+    """({"first", "half", "p90", "last", "next_layer"}: when the first SM, half of the SMs, 90% of them and
+    the last one had finished their last task of the layer, and when the next layer's first task ran,
+    medians over ``layers``; per-wave rows for those last tasks, most SMs first). Times as in
+    :func:`layer_timeline`; an SM with no task in a layer does not count for it."""
+    rec = records.detach().to("cpu", torch.int64)
+    f = {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
+    ran = ran_tasks(schedule, rec)
+    by_layer: dict[int, list[int]] = defaultdict(list)
+    for t in schedule.tasks:
+        if ran[t.index]:
+            by_layer[t.layer].append(t.index)
+    layers = list(layers)
+    if not layers or any(layer + 1 not in by_layer for layer in layers):
+        raise ValueError(f"layers {layers}: each needs a following layer in the schedule")
+    marks: dict[str, list[float]] = defaultdict(list)
+    last_tasks: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for layer in layers:
+        ix = by_layer[layer]
+        t0 = min(int(f["run_start_ns"][i]) for i in ix)
+        last: dict[int, int] = {}  # SM -> its task of the layer that ended last
+        for i in ix:
+            sm = int(f["sm"][i])
+            if sm not in last or int(f["end_ns"][i]) > int(f["end_ns"][last[sm]]):
+                last[sm] = i
+        ends = sorted((int(f["end_ns"][i]) - t0) / 1e3 for i in last.values())
+        n = len(ends)
+        for name, k in (("first", 0), ("half", (n - 1) // 2), ("p90", -(-9 * n // 10) - 1), ("last", n - 1)):
+            marks[name].append(ends[k])
+        marks["next_layer"].append((min(int(f["run_start_ns"][i]) for i in by_layer[layer + 1]) - t0) / 1e3)
+        for i in last.values():
+            last_tasks[schedule.tasks[i].wave].append(((int(f["run_start_ns"][i]) - t0) / 1e3,
+                                                       (int(f["end_ns"][i]) - t0) / 1e3,
+                                                       (int(f["run_start_ns"][i]) - int(f["wait_start_ns"][i])) / 1e3))
+    spread = {name: _median(v) for name, v in marks.items()}
+    rows = [SMEnds(wave, len(v) / len(layers), *(_median(list(c)) for c in zip(*v)))
+            for wave, v in last_tasks.items()]
+    rows.sort(key=lambda r: (-r.sms, r.wave))
+    return spread, rows
+
+
+def ends_markdown(spread: dict[str, float], rows: list[SMEnds], layers: str) -> str:
+    lines = [f"when the SMs finish the layer ({layers}, medians; us after the layer's first task started): the "
+             f"first SM at {spread['first']:.1f}, half of them by {spread['half']:.1f}, 90% by {spread['p90']:.1f}, "
+             f"the last at {spread['last']:.1f}; the next layer's first task at {spread['next_layer']:.1f}", "",
+             "| wave of an SM's last task | SMs | its run start | its end | its wait |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.wave} | {r.sms:.1f} | {r.run_start_us:.1f} | {r.end_us:.1f} | {r.wait_us:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def timeline_markdown(next_layer_us: float, rows: list[LayerWave], layers: str) -> str:
