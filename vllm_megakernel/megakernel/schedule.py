@@ -5,16 +5,16 @@ order of the step's dependency graph. A MoE layer, with the RMSNorm folded into 
 
     router -> qkv -> router_topk -> attn_partial -> mlp_up -> attn_combine -> mlp_down -> o_proj -> moe_combine
 
-The dense prefix layer has no router, top-k or combine (``mlp_up``/``mlp_down`` are its SwiGLU). Batches
-from ``layout.WIDE_FROM_BATCH`` rows start each layer with a ``norm`` wave instead (row chunks on many
-SMs; ``layout.fold_norm``), and the step ends with a ``final_norm`` wave. Tasks are numbered in that order and dealt round-robin
-to SMs (restarting at SM 0 on every layer by default: ``StepShape.deal``), each SM's list in number order,
-so every SM's list is ordered consistently with one global topological order. That makes the step
-deadlock-free with spinning waits: the unfinished task with the smallest number is at the head of its SM's
-list and all of its inputs have smaller numbers, so it can always run. The kernel's producer warp, which
+The dense prefix layer has no router, top-k or combine (``mlp_up``/``mlp_down`` are its SwiGLU). Batches from
+``layout.WIDE_FROM_BATCH`` rows start each layer with a ``norm`` wave instead (row chunks on many SMs;
+``layout.fold_norm``), and the step ends with a ``final_norm`` wave. Tasks are numbered in that order and
+dealt round-robin to SMs (restarting at SM 0 on every layer by default: ``StepShape.deal``), each SM's list in
+number order, so every SM's list is ordered consistently with one global topological order. That makes the
+step deadlock-free with spinning waits: the unfinished task with the smallest number is at the head of its
+SM's list and all of its inputs have smaller numbers, so it can always run. The kernel's producer warp, which
 issues a task's weight loads ahead of its consumers, waits only on barriers of lower-numbered tasks (the
-routing of its layer for expert weights, the layer's qkv for the tile holding the new token's K/V), so
-the argument carries over. The simulator checks this rather than trusting it.
+routing of its layer for expert weights, the layer's qkv for the tile holding the new token's K/V), so the
+argument carries over. The simulator checks this rather than trusting it.
 
 Dependencies are barriers (counters). A barrier's target is the number of tasks that signal it -- derived
 here, never written by hand -- and every wait on it waits for exactly that target. Work that depends on
