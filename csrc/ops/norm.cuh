@@ -4,10 +4,10 @@
 // order vLLM adds the parallel block in); hn_l = bf16(norm_w * (x_l * rsqrt(mean(x_l^2) + eps))) in fp32.
 //
 // Two ways to run it (layout.fold_norm): batches below 16 (a batch that fits the GEMM's register tiles can)
-// fold it into the tasks that read hn (load_normed: each QKV / router / dense up task computes its warp slices of x_l and
-// hn_l itself, one consumer_sync to add up the sum of squares, and one task of the wave stores x_l or hn);
-// larger batches run NORM tasks over row chunks first. NORM with `final` set is the model's final norm
-// (its output rows of padding requests are zeros).
+// fold it into the tasks that read hn (load_normed: each QKV / router / dense up task computes its warp
+// slices of x_l and hn_l itself, one consumer_sync to add up the sum of squares, and one task of the wave
+// stores x_l or hn); larger batches run NORM tasks over row chunks first. NORM with `final` set is the
+// model's final norm (its output rows of padding requests are zeros).
 #pragma once
 
 #include "gemm.cuh"

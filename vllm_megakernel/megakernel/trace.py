@@ -112,12 +112,9 @@ class LayerWave:
     last_end_us: float  # its last task's end: when its barrier completed
 
 
-def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[float, list[LayerWave]]:
-    """(median start of the next layer, per-wave rows in step order) for ``layers`` (each needs a next
-    layer): every time is relative to the start of the layer's first task, and the median over the
-    layers. A layer's waves overlap, so this shows which one ends last and what waited behind what."""
-    rec = records.detach().to("cpu", torch.int64)
-    run, end = rec[:, abi.TRACE_FIELDS.index("run_start_ns")], rec[:, abi.TRACE_FIELDS.index("end_ns")]
+def _tasks_by_layer(schedule: Schedule, rec: torch.Tensor, layers) -> tuple[dict[int, dict[str, list[int]]], list[int]]:
+    """({layer: {wave: indices of its tasks that ran}}, ``layers`` as a list), refusing layers without a
+    following layer (a layer's times are read against the next one's start)."""
     ran = ran_tasks(schedule, rec)
     by_layer: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for t in schedule.tasks:
@@ -126,6 +123,16 @@ def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[f
     layers = list(layers)
     if not layers or any(layer + 1 not in by_layer for layer in layers):
         raise ValueError(f"layers {layers}: each needs a following layer in the schedule")
+    return by_layer, layers
+
+
+def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[float, list[LayerWave]]:
+    """(median start of the next layer, per-wave rows in step order) for ``layers`` (each needs a next
+    layer): every time is relative to the start of the layer's first task, and the median over the
+    layers. A layer's waves overlap, so this shows which one ends last and what waited behind what."""
+    rec = records.detach().to("cpu", torch.int64)
+    run, end = rec[:, abi.TRACE_FIELDS.index("run_start_ns")], rec[:, abi.TRACE_FIELDS.index("end_ns")]
+    by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     waves = list(by_layer[layers[0]])
     samples: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     period = []
@@ -167,14 +174,8 @@ def layer_ends(schedule: Schedule, records: torch.Tensor, layers) -> tuple[dict[
     :func:`layer_timeline`; an SM with no task in a layer does not count for it."""
     rec = records.detach().to("cpu", torch.int64)
     f = {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
-    ran = ran_tasks(schedule, rec)
-    by_layer: dict[int, list[int]] = defaultdict(list)
-    for t in schedule.tasks:
-        if ran[t.index]:
-            by_layer[t.layer].append(t.index)
-    layers = list(layers)
-    if not layers or any(layer + 1 not in by_layer for layer in layers):
-        raise ValueError(f"layers {layers}: each needs a following layer in the schedule")
+    by_wave, layers = _tasks_by_layer(schedule, rec, layers)
+    by_layer = {layer: [i for ix in waves.values() for i in ix] for layer, waves in by_wave.items()}
     marks: dict[str, list[float]] = defaultdict(list)
     last_tasks: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for layer in layers:
