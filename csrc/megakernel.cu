@@ -132,21 +132,28 @@ __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, c
   const int lane = Role::lane();
   Producer p{st, StageProducer{pipe}, barriers, error, st.i(abi::S_TIMEOUT_NS)};
   int next = my_tasks[lane];  // descriptors are fetched one ahead: the load is in flight while we wait
+  RoutingSeen seen;           // the routing as far as this producer has waited for it (ops/moe.cuh)
   // e walks the SM's list; i counts the ring positions published, which fall behind e by the expert tasks
   // skipped (a dead slot's task is not published: the consumers and the signaller see the list without
   // it, ending at OP_END).
   for (int e = 0, i = 0; e < max_tasks; ++e) {
     int word = next;
     if (e + 1 < max_tasks) next = my_tasks[(long long)(e + 1) * abi::kTaskWords + lane];
+    int op = __shfl_sync(0xffffffffu, word, 0);
+    if (skipped_unclaimed(op, word, seen)) {  // no ring position, no wait for one: on to the next live place
+      e = min(first_unskipped(my_tasks, e + 1, max_tasks, seen), max_tasks - 1);  // the last row: END, never skipped
+      word = my_tasks[(long long)e * abi::kTaskWords + lane];
+      if (e + 1 < max_tasks) next = my_tasks[(long long)(e + 1) * abi::kTaskWords + lane];
+      op = __shfl_sync(0xffffffffu, word, 0);
+    }
     const int slot = i % kDescSlots;
     if (!pipe.wait(&pipe.desc_empty[slot], ((i / kDescSlots) & 1) ^ 1)) return;
-    const int op = __shfl_sync(0xffffffffu, word, 0);
     // An expert task's descriptor is finished here, before the consumers see it: which tile it runs (a
     // claim, taken when the producer reaches the place) and the slot's routing (ops/moe.cuh). This waits
     // for the layer's routing, which the task's loads need anyway.
     if (abi::routed_descriptor(op)) {
       const Layer ly{layer_table + (long long)__shfl_sync(0xffffffffu, word, abi::F_LAYER) * abi::kLayerWords};
-      const Routed r = complete_routed_descriptor(p, pipe.desc[slot], ly, op, word);
+      const Routed r = complete_routed_descriptor(p, pipe.desc[slot], ly, op, word, seen);
       if (r == Routed::kAbort) return;
       if (r == Routed::kDead) continue;  // ring position i stays free for the next place
     }

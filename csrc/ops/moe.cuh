@@ -41,7 +41,8 @@ __device__ __forceinline__ int claimed_word(int op, int word, int n) {
   const int width = __shfl_sync(0xffffffffu, word, abi::F_ROUTED_WIDTH);
   const int barrier0 = __shfl_sync(0xffffffffu, word, f_slot_barrier);
   const int index0 = __shfl_sync(0xffffffffu, word, abi::F_TASK_INDEX);
-  const int tiles = (up ? abi::kMoeIntermediate : abi::kHidden) / width;
+  const int total = up ? abi::kMoeIntermediate : abi::kHidden;
+  const int tiles = (total + width - 1) / width;  // a slot's last down tile may be narrower (MoeDownOp::task_rows)
   const int slot = n / tiles, tile = n % tiles;
   const int lane = Role::lane();
   if (lane == abi::F_ROUTED_SLOT) return slot;
@@ -55,54 +56,108 @@ __device__ __forceinline__ int claimed_word(int op, int word, int n) {
 // What the producer does with a routed task once its descriptor is completed.
 enum class Routed { kAbort, kDead, kLive };
 
+// What a producer has learned of the routing, kept across its places (every lane holds the same values).
+// A dead place costs the producer its time and delays the loads of every place behind it on the SM (at
+// batch 16 a fifth of the layer went to expert places of dead slots), so a dead place should cost as
+// little as possible:
+//   - the routing of `layer` was waited for (acquired by lane 0, whose later reads of it are ordered after
+//     that acquire) and `active` read: the SM's later routed places of the layer skip the wait and decide a
+//     dead slot from `active` alone, without reading its route words;
+//   - `exhausted`: a claim counter that handed this producer a dead slot's tile. A wave numbers its tiles
+//     slot by slot, the routed (live) slots first, and its counter hands out numbers in increasing order,
+//     so every later number on it is dead too: the SM's later places of that wave are skipped without a
+//     claim. Their tiles stay unclaimed; nothing waits on a dead slot's tiles (abi.py's routed
+//     descriptors).
+struct RoutingSeen {
+  int layer = -1;
+  int active = 0;
+  int exhausted = abi::kNoBarrier;
+};
+
+// A place of a wave whose claims handed this producer a dead tile: skipped before it takes a ring position
+// (every lane calls it with its word of the place's descriptor).
+__device__ __forceinline__ bool on_exhausted_wave(int op, int claim, const RoutingSeen& seen) {
+  return abi::routed_descriptor(op) && claim != abi::kNoBarrier && claim == seen.exhausted;
+}
+__device__ __forceinline__ bool skipped_unclaimed(int op, int word, const RoutingSeen& seen) {
+  return on_exhausted_wave(op, __shfl_sync(0xffffffffu, word, abi::F_ROUTED_CLAIM), seen);
+}
+
+// The first place at or after `from` in the SM's list that skipped_unclaimed would not skip (max_tasks if
+// none): an exhausted wave's places follow one another, and reading them one by one would cost a
+// dependent round trip each, so the warp reads 16 places' opcode and claim words per round trip.
+__device__ __forceinline__ int first_unskipped(const int* my_tasks, int from, int max_tasks,
+                                               const RoutingSeen& seen) {
+  const int lane = Role::lane();
+  for (int f = from; f < max_tasks; f += 16) {
+    const int place = f + (lane >> 1);  // lanes 2j and 2j+1: place f + j's opcode and claim words
+    int w = abi::OP_END;                // past the list: not skipped, so the scan stops there
+    if (place < max_tasks) w = my_tasks[(long long)place * abi::kTaskWords + ((lane & 1) ? abi::F_ROUTED_CLAIM : 0)];
+    const int claim = __shfl_down_sync(0xffffffffu, w, 1);
+    const bool even = (lane & 1) == 0;
+    const unsigned stop = __ballot_sync(0xffffffffu, even && !on_exhausted_wave(w, claim, seen));
+    if (stop) return min(max_tasks, f + (__ffs(stop) - 1) / 2);
+  }
+  return max_tasks;
+}
+
 // The producer warp's completion of a routed (expert) task's descriptor, in place in the descriptor ring;
 // every lane calls it with its word of the descriptor and gets its final word back. A claiming task takes
 // its number first: the number does not depend on the routing, so its round trip overlaps the wait. Then
-// lane 0 waits for the layer's routing and reads the slot's route words in one round trip (every load
-// issued before the first is used). A wait of the consumers' on the routing is then dropped from the
-// descriptor. kDead: the slot is past the routed count, and the producer skips the task (abi.py's routed
-// descriptors); kAbort: the step is being aborted.
+// lane 0 waits for the layer's routing (the first of the layer's places on this SM only) and reads the
+// slot's route words in one round trip (every load issued before the first is used). A wait of the
+// consumers' on the routing is then dropped from the descriptor. kDead: the slot is past the routed count,
+// and the producer skips the task (abi.py's routed descriptors); kAbort: the step is being aborted.
 __device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, int* desc, const Layer& ly, int op,
-                                                             int& word) {
+                                                             int& word, RoutingSeen& seen) {
   const int lane = Role::lane();
   const int counter = __shfl_sync(0xffffffffu, word, abi::F_ROUTED_CLAIM);  // kNoBarrier: not claiming
+  const int layer = __shfl_sync(0xffffffffu, word, abi::F_LAYER);
+  const bool known = layer == seen.layer;  // this layer's routing already acquired, its count in `active`
   desc[lane] = word;
   __syncwarp();
   int n = 0;
   if (lane == 0) {
     if (counter != abi::kNoBarrier) n = atomicAdd(&p.barriers[counter], 1);
-    if (!p.load_wait(Task{desc, ly})) n = -1;
+    if (!known && !p.load_wait(Task{desc, ly})) n = -1;
   }
   n = __shfl_sync(0xffffffffu, n, 0);
   if (n < 0) return Routed::kAbort;
   if (counter != abi::kNoBarrier) word = claimed_word(op, word, n);
   desc[lane] = word;
   __syncwarp();
-  int live = 0;
+  int live = 0, active = seen.active;
   if (lane == 0) {
     const int slot = desc[abi::F_ROUTED_SLOT], B = p.st.batch();
-    // This layer's own count: a producer can reach a dead slot's place after the layer finished without it
-    // and the next layer's top-k rewrote the rest of the route buffer; a live slot's words cannot change
-    // before its tasks ran (the layer waits on them).
-    const int active = p.st.layer_active()[desc[abi::F_LAYER]];
-    const int expert = p.st.slot_expert()[slot], count = p.st.slot_count()[slot];
-    const int* rows = p.st.slot_rows(slot);
-    int pair[abi::kRoutedPairWords];
+    if (!known || slot < active) {  // a known layer's dead slot needs none of the reads below
+      // This layer's own count: a producer can reach a dead slot's place after the layer finished without
+      // it and the next layer's top-k rewrote the rest of the route buffer; a live slot's words cannot
+      // change before its tasks ran (the layer waits on them).
+      if (!known) active = p.st.layer_active()[layer];
+      const int expert = p.st.slot_expert()[slot], count = p.st.slot_count()[slot];
+      const int* rows = p.st.slot_rows(slot);
+      int pair[abi::kRoutedPairWords];
 #pragma unroll
-    for (int j = 0; j < abi::kRoutedPairWords; ++j) pair[j] = j < B ? rows[j] : 0;
+      for (int j = 0; j < abi::kRoutedPairWords; ++j) pair[j] = j < B ? rows[j] : 0;
+      // An input wait on the routing is already satisfied (this thread acquired it, and the consumers see
+      // the descriptor after this): drop it, sparing the consumer leader a round trip to L2.
+      if (desc[abi::F_WAIT0_BARRIER] == desc[abi::F_LOAD_WAIT_BARRIER] &&
+          desc[abi::F_WAIT0_COUNT] <= desc[abi::F_LOAD_WAIT_COUNT])
+        desc[abi::F_WAIT0_BARRIER] = abi::kNoBarrier;
+      desc[abi::F_ROUTED_EXPERT] = expert;
+      desc[abi::F_ROUTED_COUNT] = count;
+#pragma unroll
+      for (int j = 0; j < abi::kRoutedPairWords; ++j) desc[abi::F_ROUTED_PAIR0 + j] = pair[j];
+    }
     live = slot < active;
-    // An input wait on the routing is already satisfied (this thread acquired it, and the consumers see the
-    // descriptor after this): drop it, sparing the consumer leader a round trip to L2.
-    if (desc[abi::F_WAIT0_BARRIER] == desc[abi::F_LOAD_WAIT_BARRIER] &&
-        desc[abi::F_WAIT0_COUNT] <= desc[abi::F_LOAD_WAIT_COUNT])
-      desc[abi::F_WAIT0_BARRIER] = abi::kNoBarrier;
-    desc[abi::F_ROUTED_EXPERT] = expert;
-    desc[abi::F_ROUTED_COUNT] = count;
-#pragma unroll
-    for (int j = 0; j < abi::kRoutedPairWords; ++j) desc[abi::F_ROUTED_PAIR0 + j] = pair[j];
   }
   __syncwarp();  // lane 0's words are read by the other lanes below, or rewritten by them at the next place
-  if (!__shfl_sync(0xffffffffu, live, 0)) return Routed::kDead;
+  seen.layer = layer;
+  seen.active = __shfl_sync(0xffffffffu, active, 0);
+  if (!__shfl_sync(0xffffffffu, live, 0)) {
+    if (counter != abi::kNoBarrier) seen.exhausted = counter;
+    return Routed::kDead;
+  }
   word = desc[lane];
   return Routed::kLive;
 }
@@ -177,14 +232,18 @@ struct MoeDownOp {
     float part[abi::kPartialFloats];
   };
 
+  // The task's rows: `rows` is its wave's tile width, the same on every task of the wave (claims rewrite
+  // only the first row), so a slot's last tile, where hidden is not a multiple of it, is cut at hidden.
+  static __device__ int task_rows(const Task& t) { return min(t[abi::F_MOE_DOWN_ROWS], abi::kHidden - t[abi::F_MOE_DOWN_ROW0]); }
+
   static __device__ bool load(Producer& p, const Task& t) {
     const int expert = t[abi::F_ROUTED_EXPERT];
     const bf16* w = t.ly.ptr<const bf16>(abi::L_W2) + ((long long)expert * abi::kHidden + t[abi::F_MOE_DOWN_ROW0]) * K;
-    return load_weight_rows<K, RS>(p, w, t[abi::F_MOE_DOWN_ROWS]);
+    return load_weight_rows<K, RS>(p, w, task_rows(t));
   }
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
-    const int row0 = t[abi::F_MOE_DOWN_ROW0], R = t[abi::F_MOE_DOWN_ROWS];
+    const int row0 = t[abi::F_MOE_DOWN_ROW0], R = task_rows(t);
     const int count = t[abi::F_ROUTED_COUNT], bp = padded_rows(count);
     const int* rows = routed_rows(c.st, t, count);
     const GatheredRows src{c.st.ptr<const bf16>(abi::S_ACT), K, count, rows, 1};

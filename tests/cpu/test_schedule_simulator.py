@@ -231,6 +231,50 @@ def test_step_through_schedule_matches_reference(dims, weights, batch, splits, o
     assert torch.isfinite(got).all()
 
 
+@pytest.mark.parametrize("claims, order", [(True, "random"), (True, "reverse"), (False, "round_robin")])
+def test_down_tiles_that_do_not_divide_hidden_cut_each_slots_last_tile_and_match_the_reference(dims, weights,
+                                                                                                claims, order):
+    """moe_down_rows asked for need not divide hidden (64 here: tiles of 48 rows and a last one of 16): every
+    task of the down wave carries the width, the last tile of a slot is cut at hidden, claims number
+    ceil(hidden / width) tiles a slot, the top-k makes up as many per dead slot, and the step matches the
+    reference under claims in any SM order, race-free, with dead slots skipped."""
+    batch = 3
+    gen = torch.Generator().manual_seed(4)
+    lengths = [5, 9, 2]
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
+    sim.fill_history(lengths, generator=gen)
+    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    shape = StepShape(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1, expert_claims=claims,
+                      tiles=(("moe_down_rows", 48),))
+    sched = build_schedule(dims, shape, *weights.intermediates())
+    assert sched.tiles.moe_down_rows == 48 and layout.down_tiles(dims.hidden, 48) == 2
+    layer = next(i for i in range(dims.num_layers) if not dims.dense[i])
+    down = [t for t in sched.tasks if t.layer == layer and t.op == Op.MOE_DOWN]
+    assert {t.fields["rows"] for t in down} == {48} and sorted({t.fields["row0"] for t in down}) == [0, 48]
+    assert len(down) == 2 * moe_slots(dims, batch)
+    topk = next(t for t in sched.tasks if t.layer == layer and t.op == Op.ROUTER_TOPK)
+    assert topk.fields["down_tiles"] == 2
+    simulate.check_races(sched, order=order, seed=3)
+    expected = ref.decode_step(dims, weights, clone_inputs(inp))
+    got = simulate.decode_step(sched, weights, clone_inputs(inp), order=order, seed=3)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_down_tiles_take_the_cap_at_batch_5_to_8_and_divide_hidden_elsewhere_unless_asked():
+    """layout.gemm_tiles: batch 5-8 take the partial buffer's cap (192 rows, a slot's last tile cut at
+    hidden); other batches' default down tile divides hidden; one asked for is the largest whole-stage
+    size within it and the cap, dividing or not. Other fields still divide."""
+    from vllm_megakernel.megakernel.layout import gemm_tiles
+
+    full = ref.ModelDims.from_config(FULL_CONFIG)
+    assert [gemm_tiles(full, 768, 0, b).moe_down_rows for b in (1, 2, 4, 5, 8, 9, 16, 64)] == \
+        [128, 128, 128, 192, 192, 64, 64, 64]  # 192: 10 tiles and one of 128; 96 cap from batch 9
+    assert gemm_tiles(full, 768, 0, 8, {"moe_down_rows": 128}).moe_down_rows == 128
+    assert gemm_tiles(full, 768, 0, 4, {"moe_down_rows": 192}).moe_down_rows == 192
+    assert gemm_tiles(full, 768, 0, 16, {"moe_down_rows": 128}).moe_down_rows == 96  # the cap at 16 rows
+    assert gemm_tiles(full, 768, 0, 8, {"moe_up_cols": 80}).moe_up_cols == 64  # up/gate: divisors only
+
+
 def test_full_model_schedule_at_batch_1_is_consistent():
     """North Mini Code itself: 49 layers, 132 SMs -- counts, deadlock freedom, races, the ABI encoding."""
     full = ref.ModelDims.from_config(FULL_CONFIG)
@@ -505,13 +549,22 @@ def test_dead_slots_tasks_are_skipped_and_the_top_k_makes_up_the_down_barrier(di
     """With fewer routed experts than slots, the producers skip the dead slots' expert tasks (nothing is
     published, nothing signals) and each top-k adds the dead slots' down tiles to its down barrier: the
     step completes under every interleaving, runs exactly the live tasks, and the MoE combine still waits
-    on every down tile. Without the top-k's share it deadlocks at the combine."""
+    on every down tile. Without the top-k's share it deadlocks at the combine. A producer that claimed a
+    dead tile claims no more on that wave: each wave's counter takes its live tiles plus at most one dead
+    one per SM, and fewer claims than places where an SM holds several dead places."""
     s = tiny_schedule(dims, 3, num_sms=3, expert_claims=claims)
     slots = moe_slots(dims, 3)
     live = {layer: 1 + layer % (slots - 1) for layer in range(dims.num_layers)}  # 1 .. slots-1 live
-    done = simulate.run(s, order=order, seed=11, live_slots=live.__getitem__)
+    taken: dict[int, int] = {}
+    done = simulate.run(s, order=order, seed=11, live_slots=live.__getitem__, claims_taken=taken)
     dead = {t.index for t in s.tasks if t.op in (Op.MOE_UPGATE, Op.MOE_DOWN) and t.fields["slot"] >= live[t.layer]}
     assert dead and sorted(done) == sorted(set(range(len(s.tasks))) - dead)
+    assert bool(taken) == claims
+    for counter, n in taken.items():
+        wave = [t for t in s.tasks if t.claim == counter]
+        alive = sum(t.fields["slot"] < live[t.layer] for t in wave)
+        assert alive <= n <= min(len(wave), alive + len(s.sm_tasks))
+    assert any(n < sum(t.claim == c for t in s.tasks) for c, n in taken.items()) == claims
     down = {t.fields["down_barrier"] for t in s.tasks if t.op == Op.ROUTER_TOPK}
     assert down == {b for b, bar in enumerate(s.barriers) if bar.name.endswith(".moe_down")}
     for t in s.tasks:
@@ -519,6 +572,21 @@ def test_dead_slots_tasks_are_skipped_and_the_top_k_makes_up_the_down_barrier(di
             t.fields["down_barrier"] = NO_BARRIER
     with pytest.raises(simulate.Deadlock, match=r"moe_down"):
         simulate.run(s, order=order, seed=11, live_slots=live.__getitem__)
+
+
+def test_every_expert_task_of_a_layer_waits_on_the_layers_routing(dims):
+    """The producer waits for a layer's routing at its first expert place only (csrc/ops/moe.cuh's
+    RoutingSeen): the schedule builder refuses a layer whose expert tasks load-wait on different barriers."""
+    from vllm_megakernel.megakernel.schedule import _check_routed_load_waits
+
+    s = tiny_schedule(dims, 3, num_sms=3)
+    _check_routed_load_waits(s.tasks)
+    expert = [t for t in s.tasks if t.op in (Op.MOE_UPGATE, Op.MOE_DOWN)]
+    assert len({t.load_wait for t in expert if t.layer == expert[0].layer}) == 1
+    other = next(t for t in reversed(expert) if t.layer == expert[0].layer)
+    other.load_wait = expert[0].load_wait + 1
+    with pytest.raises(AssertionError, match="another barrier"):
+        _check_routed_load_waits(s.tasks)
 
 
 @pytest.mark.parametrize("batch, order, fraction", [(1, "random", 0.4), (3, "reverse", 0.5), (5, "random", 0.3),

@@ -37,7 +37,7 @@ def compare(got, expected, live):
 
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
-             bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0):
+             bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=()):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN."""
     from vllm_megakernel import reference as ref
@@ -57,7 +57,8 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
     inp = sim.step(toks)
     mk_inp = dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=min_tiles,
-                                           expert_claims=expert_claims, deal=deal, o_within_down=o_within_down),
+                                           expert_claims=expert_claims, deal=deal, o_within_down=o_within_down,
+                                           tiles=tiles),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -171,6 +172,16 @@ def test_o_projection_dealt_among_the_down_places_leaves_the_step_matching_the_r
     dims, w = wide
     (cos, err), _ = one_step(dims, w, lengths, batch, 8, o_within_down=0.4)
     print(f"batch {batch}, O projection among the down places: min cosine {cos:.6f}, max rel err {err:.4f}")
+
+
+@pytest.mark.parametrize("batch, lengths, rows", [(8, [8192, 17, 4097, 2000, 1, 6000, 12], 192),
+                                                  (16, [700] * 15, 96)])
+def test_down_tiles_that_do_not_divide_hidden_leave_the_step_matching_the_reference(wide, batch, lengths, rows):
+    """moe_down_rows=192 at batch 8 (10 tiles a slot and one of 128 rows) and 96 at batch 16 (21 and one
+    of 32): each slot's last down tile is cut at hidden, claimed like the others."""
+    dims, w = wide
+    (cos, err), _ = one_step(dims, w, lengths, batch, 8, tiles=(("moe_down_rows", rows),))
+    print(f"batch {batch}, down tiles of {rows} rows: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
 @pytest.mark.parametrize("batch, lengths", [(1, [3000]), (3, [5000, 300, 9000])])

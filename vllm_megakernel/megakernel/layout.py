@@ -63,15 +63,17 @@ class GemmTiles:
     dense_up_cols: int
     dense_down_rows: int
     moe_up_cols: int
-    moe_down_rows: int
+    moe_down_rows: int  # a slot's last down tile is cut at hidden when this does not divide it
 
 
-def _pick(total: int, stage_rows: int, target: int, cap: int, what: str) -> int:
+def _pick(total: int, stage_rows: int, target: int, cap: int, what: str, divides: bool = True) -> int:
     """The largest task size <= min(target, cap) that is whole stages and divides ``total`` (at least one
-    stage)."""
+    stage); with ``divides`` False any whole stages (the last task of the run is then cut short)."""
+    if not divides and total % stage_rows:
+        raise ValueError(f"{what}: {total} is not whole {stage_rows}-row stages, so a cut last task would not be")
     best = 0
     for rows in range(stage_rows, min(max(target, stage_rows), cap, total) + 1, stage_rows):
-        if total % rows == 0:
+        if not divides or total % rows == 0:
             best = rows
     if best == 0:
         raise ValueError(f"{what}: no task size of whole {stage_rows}-row stages divides {total} within {cap}")
@@ -89,11 +91,17 @@ def partial_cap(batch: int, stage_rows: int) -> int:
     return min(in_registers, (PARTIAL_FLOATS - CONSUMER_WARPS * stage_rows * bp) // bp)
 
 
+def down_tiles(hidden: int, rows: int) -> int:
+    """Down tiles per expert slot: the last one narrower when ``rows`` does not divide ``hidden``."""
+    return -(-hidden // rows)
+
+
 def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
                targets: dict[str, int] | None = None) -> GemmTiles:
     """Task sizes for ``batch``: about one task per SM for the attention projections at small batches, and
     never more sums than the consumers' buffer holds (:func:`partial_cap`). ``targets`` replaces the
-    wanted size of named fields (the nearest size that fits is taken)."""
+    wanted size of named fields (the nearest size that fits is taken; ``moe_down_rows`` asked for need not
+    divide hidden: each slot's last down tile is then narrower)."""
     targets = dict(targets or {})
     unknown = set(targets) - {f.name for f in dataclasses.fields(GemmTiles)}
     if unknown:
@@ -102,12 +110,13 @@ def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
     qkv_total = (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
     big = batch > REGISTER_BATCH  # fewer, larger tasks: per-task costs grow with the batch
 
-    def tile(total, k, target, what, pair=False):
+    def tile(total, k, target, what, pair=False, uneven=False):
         target = targets.get(what, target)
         rs = rows_per_stage(k)
         cap = partial_cap(batch, rs) // (2 if pair else 1)  # an up/gate task holds as many up rows as gate rows
-        return _pick(total, rs, target, cap, what)
+        return _pick(total, rs, target, cap, what, divides=not uneven)
 
+    down_rows, down_cut = moe_down_default(batch)
     return GemmTiles(
         qkv_rows=tile(qkv_total, h, 64 if big else 40, "qkv_rows"),
         o_rows=tile(h, q, 16, "o_rows"),
@@ -123,8 +132,25 @@ def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
         # (768 KB; at 16 rows the partial buffer caps them at 48) measured 2-5% faster there (PERF_LOG #15);
         # at batch 1 they lose (8 experts make only 64 such tasks for 132 SMs)
         moe_up_cols=tile(moe_intermediate, h, 96 if 2 <= batch <= REGISTER_BATCH else 32, "moe_up_cols", pair=True),
-        moe_down_rows=tile(h, moe_intermediate, 128, "moe_down_rows"),
+        moe_down_rows=tile(h, moe_intermediate, down_rows, "moe_down_rows",
+                           uneven=down_cut or "moe_down_rows" in targets),
     )
+
+
+# Batch 5-8 (one 8-row mma tile, as batch 8) take down tasks of the partial buffer's cap, 192 rows, though
+# 192 does not divide hidden (each slot's last tile is cut: 10 of 192 and one of 128 at hidden 2048): at
+# batch 8 the step -3.2% and -1.6% in two runs against 128 rows (benchmarks/results/h200-2026-12-01-v2-
+# dead-places). Batch 1-4 keep 128 (unmeasured; at batch 1 192 would make 88 down tasks for 132 SMs). From
+# batch 9 the cap is 96 and the 64 that divides stays: 96 measured -0.3% and 0.0% at batch 16.
+UNEVEN_DOWN_BATCHES = range(5, 9)  # the batches padded to one 8-row mma tile, as batch 8 (padded_rows)
+
+
+def moe_down_default(batch: int) -> tuple[int, bool]:
+    """The down task's wanted weight rows (:func:`gemm_tiles` takes the nearest size that fits the partial
+    buffer), and whether that size may leave each slot's last tile cut at hidden."""
+    if batch in UNEVEN_DOWN_BATCHES:
+        return 192, True
+    return 128, False
 
 
 # From batch 16 the step's defaults change (measured at batch 16 only; 17-64 take them unmeasured): the

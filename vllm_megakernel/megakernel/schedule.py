@@ -39,7 +39,7 @@ import dataclasses
 import torch
 
 from vllm_megakernel.megakernel import layout
-from vllm_megakernel.megakernel.abi import NO_BARRIER, TASK_WORDS, WAITS_ONLY_IF_WORK, Op, encode
+from vllm_megakernel.megakernel.abi import NO_BARRIER, ROUTED_OPS, TASK_WORDS, WAITS_ONLY_IF_WORK, Op, encode
 from vllm_megakernel.reference import ModelDims
 
 Region = tuple  # a logical buffer region, e.g. ("q", tile) or ("kv", layer, tile)
@@ -335,7 +335,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             bar["down"] = b.barrier(f"{L}.moe_down")
             b.task(Op.ROUTER_TOPK, layer, "router_topk", waits=(bar["router"],), signal=bar["route"],
                    reads=(("scores",),), writes=(("route",), ("topk_w",)), down_barrier=bar["down"],
-                   down_tiles=H // tiles.moe_down_rows)
+                   down_tiles=layout.down_tiles(H, tiles.moe_down_rows))
 
         def attn_wave():
             bar["attn"] = _attn_partial_wave(b, layer, B, S, bar["qkv"])
@@ -368,7 +368,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             n, route = tiles.moe_down_rows, bar["route"]
             claim = b.barrier(f"{L}.moe_down.claims") if shape.expert_claims else NO_BARRIER
             for s in range(slots):
-                for t in range(H // n):
+                for t in range(layout.down_tiles(H, n)):  # every task's rows is n, the last one cut at H
                     b.task(Op.MOE_DOWN, layer, "mlp_down", waits=(bar["up"][s],), signal=bar["down"],
                            load_wait=route, reads=(("route",), ("act", s)), writes=(("eout", s, t),), slot=s,
                            row0=t * n, rows=n, claim=claim)
@@ -400,24 +400,40 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
         prev_o, prev_mlp = bar["o"], bar["mlp"]
     norm_wave(dims.num_layers, True, "final_norm", NO_BARRIER)
     _check_claim_waves(b.tasks, moe_intermediate, H)
+    _check_routed_load_waits(b.tasks)
     return _placed(b, dims, shape, tiles)
+
+
+def _check_routed_load_waits(tasks: list[Task]) -> None:
+    """What a producer's RoutingSeen relies on (csrc/ops/moe.cuh): every expert task of a layer waits on one
+    barrier, the layer's routing, so having waited for it at one place covers the layer's later places."""
+    first: dict[int, Task] = {}
+    for t in tasks:
+        if t.op in ROUTED_OPS:
+            head = first.setdefault(t.layer, t)
+            if t.load_wait != head.load_wait:  # (a load wait is always on the barrier's full target)
+                raise AssertionError(f"{t.describe()} waits on another barrier than {head.describe()}")
 
 
 def _check_claim_waves(tasks: list[Task], moe_intermediate: int, hidden: int) -> None:
     """What a claiming producer relies on (abi's ``claim``): the n-th task of a wave (by index) is tile
-    n % tiles of slot n / tiles, and the slot's barrier is the wave's first slot barrier plus the slot."""
+    n % tiles of slot n / tiles (tiles = ceil(total / width), every task of the wave carrying the same width),
+    and the slot's barrier is the wave's first slot barrier plus the slot."""
     first: dict[int, Task] = {}
     for t in tasks:
         if t.claim == NO_BARRIER:
             continue
         head = first.setdefault(t.claim, t)
         width = t.fields["cols"] if t.op == Op.MOE_UPGATE else t.fields["rows"]
+        head_width = head.fields["cols"] if t.op == Op.MOE_UPGATE else head.fields["rows"]
         tile0 = t.fields["col0"] if t.op == Op.MOE_UPGATE else t.fields["row0"]
-        tiles = (moe_intermediate if t.op == Op.MOE_UPGATE else hidden) // width
+        total = moe_intermediate if t.op == Op.MOE_UPGATE else hidden
+        tiles = -(-total // width)
         per_slot = t.signal if t.op == Op.MOE_UPGATE else t.waits[0]
         head_slot = head.signal if t.op == Op.MOE_UPGATE else head.waits[0]
         n = t.index - head.index
-        if (t.op, t.fields["slot"], tile0 // width, per_slot) != (head.op, n // tiles, n % tiles, head_slot + n // tiles):
+        if (t.op, width, t.fields["slot"], tile0 // width, per_slot) != \
+                (head.op, head_width, n // tiles, n % tiles, head_slot + n // tiles):
             raise AssertionError(f"{t.describe()} is not the {n}-th tile of its claimed wave")
 
 

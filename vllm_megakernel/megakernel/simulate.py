@@ -63,7 +63,7 @@ class RaceError(ScheduleError):
 
 def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order: str = "round_robin",
         seed: int = 0, placed: list[list[int]] | None = None,
-        live_slots: Callable[[int], int] | None = None) -> list[int]:
+        live_slots: Callable[[int], int] | None = None, claims_taken: dict[int, int] | None = None) -> list[int]:
     """Executes the schedule; returns task indices in the order they ran.
 
     ``order``: ``"round_robin"`` advances SMs in turn; ``"random"`` picks a random runnable SM each time
@@ -83,8 +83,11 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     ``live_slots``, when given, is the routing: a layer's number of live expert slots, asked once the
     layer's routing is complete. A routed task of a dead slot is then skipped as the kernel's producer
     skips it (abi.py's routed descriptors: never published, never run, no signal), and each top-k adds
-    its dead slots' down tiles to its ``down_barrier``. Without it every slot is live (a routing that
-    fills every slot), and the top-k adds nothing.
+    its dead slots' down tiles to its ``down_barrier``. A producer whose claim handed it a dead slot's tile
+    skips its later places of that wave without claiming (csrc/ops/moe.cuh's RoutingSeen: the counter
+    only hands out later, so dead, tiles), so some dead tiles are never claimed. Without ``live_slots``
+    every slot is live (a routing that fills every slot), and the top-k adds nothing. ``claims_taken``,
+    when given, receives each claim counter's number of claims.
     """
     _check_producer_waits(schedule)
     claimable: dict[int, list[int]] = defaultdict(list)  # counter -> its wave's tasks, in claim order
@@ -100,6 +103,7 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     published = [0] * n  # places the producer has published (and claimed, where claiming)
     producer_blocked = [NO_BARRIER] * n  # the load_wait barrier a producer last stopped on
     claimed_place = [-1] * n  # the last place each producer took a claim for
+    exhausted: list[set[int]] = [set() for _ in range(n)]  # counters that handed the producer a dead tile
     made_up = {t.fields["down_barrier"] for t in schedule.tasks
                if t.op == Op.ROUTER_TOPK and t.fields["down_barrier"] != NO_BARRIER}
     unsignalled = [0] * len(schedule.barriers)  # skipped tasks' signals nothing makes up
@@ -125,6 +129,10 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
         while published[sm] < min(len(lst), pcs[sm] + reach):
             place = published[sm]
             task = schedule.tasks[lst[place]]
+            if task.claim in exhausted[sm]:  # every later tile of the wave is dead: skipped unclaimed
+                lst.pop(place)
+                skipped += 1
+                continue
             if task.claim != NO_BARRIER and claimed_place[sm] != place:  # claimed on reaching the place
                 lst[place] = claimable[task.claim][claimed[task.claim]]
                 claimed[task.claim] += 1
@@ -139,6 +147,8 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
                 lst.pop(place)  # a dead slot's task: not published; the next place moves up
                 claimed_place[sm] = -1
                 skipped += 1
+                if task.claim != NO_BARRIER:
+                    exhausted[sm].add(task.claim)
                 if task.signal != NO_BARRIER and task.signal not in made_up:
                     unsignalled[task.signal] += 1
                 continue
@@ -204,12 +214,21 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
         remaining -= 1
         done.append(task.index)
         park(sm)
+    for counter, wave in claimable.items():  # tiles no place claimed: dead ones only, unsignalled
+        for i in wave[claimed[counter]:]:
+            task = schedule.tasks[i]
+            if live_slots is None or task.fields["slot"] < live_slots(task.layer):
+                raise BarrierCountError(f"{task.describe()} was never claimed, and its slot is live")
+            if task.signal != NO_BARRIER and task.signal not in made_up:
+                unsignalled[task.signal] += 1
     wrong = [(schedule.barrier_name(b), counts[b], bar.target) for b, bar in enumerate(schedule.barriers)
              if counts[b] + unsignalled[b] != bar.target]
     if wrong:
         raise BarrierCountError("barriers off target after the step (name, seen, target): " + repr(wrong[:10]))
     if placed is not None:
         placed[:] = lists
+    if claims_taken is not None:
+        claims_taken.update(claimed)
     return done
 
 
@@ -569,6 +588,7 @@ class Numerics:
     def moe_down(self, layer: int, slot: int, row0: int, rows: int) -> None:
         if slot >= len(self.slot_expert):
             return  # as in moe_upgate
+        rows = min(rows, self.dims.hidden - row0)  # a slot's last tile is cut at hidden (csrc MoeDownOp::task_rows)
         e, token_rows = self.slot_expert[slot], self.slot_rows[slot]
         w2 = self.w.layers[layer].w2[e, row0:row0 + rows]
         self.eout[token_rows, row0:row0 + rows] = self.act[token_rows] @ w2.t()
