@@ -14,7 +14,8 @@ each is a comma-separated list of StepShape choices (attn_splits, attn_min_tiles
 order: a schedule.WAVE_ORDERS name, expert_claims: 0 or 1, o_within_down: a fraction, deal: a schedule.DEALS
 name) and GEMM task sizes (layout.GemmTiles fields), or "default". With --out the report is also written
 there (report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
-schedule's traced launches).
+schedule's traced launches). Each row also records the SM clock and nvidia-smi's clock-event reasons just
+before and after its timed launches (batch 1 is latency-bound: a lowered clock shows there first).
 """
 
 from __future__ import annotations
@@ -57,6 +58,33 @@ def parse_schedule(text: str) -> dict:
     return shape
 
 
+def parse_smi_clocks(text: str) -> dict | None:
+    """nvidia-smi's csv line 'SM MHz, reasons bitmask' (noheader, nounits) -> {"sm_mhz", "reasons"}."""
+    parts = [p.strip() for p in text.strip().splitlines()[0].split(",")] if text.strip() else []
+    if len(parts) != 2 or not parts[0].isdigit():
+        return None
+    return {"sm_mhz": int(parts[0]), "reasons": parts[1]}
+
+
+def gpu_clocks() -> dict | None:
+    """The timed GPU's SM clock and active clock-event (throttle) reasons now, from nvidia-smi (None when it
+    cannot say). A batch-1 step is latency-bound, so a lowered SM clock slows it where the copy bandwidth
+    test barely moves: A/B runs have disagreed by 14-18% at batch 1 alone."""
+    import os
+    import subprocess
+
+    index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    for reasons in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+        try:
+            done = subprocess.run(["nvidia-smi", "-i", index, f"--query-gpu=clocks.sm,{reasons}",
+                                   "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode == 0 and (got := parse_smi_clocks(done.stdout)):
+            return got
+    return None
+
+
 def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: int, seed: int,
                   schedule: str = "default") -> dict:
     import torch
@@ -77,7 +105,9 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     sched = build_schedule(dims, shape, *weights.intermediates())
 
     plain = runtime.build_step(sched, weights, inp)
+    clocks = [gpu_clocks()]
     times = [t * 1e6 for t in cuda_times(lambda: runtime.launch(plain), iters, warmup=3)]  # us
+    clocks.append(gpu_clocks())
     runtime.check(plain)
 
     traced = runtime.build_step(sched, weights, inp, route_log=True, trace=True)
@@ -100,6 +130,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     return {"batch": batch, "context": context, "schedule": schedule, "attn_splits": shape.attn_splits,
             "tiles": dataclasses.asdict(sched.tiles), "tasks": len(sched.tasks),
             "step_us_median": statistics.median(times), "step_us_min": min(times),
+            "clocks": clocks,  # before and after the timed launches (None where nvidia-smi could not say)
             "traced_step_us": step_us, "distinct_experts": distinct,
             "waves": [dataclasses.asdict(r) for r in rows],
             "timeline": {"layers": f"MoE layers {middle[0]}-{middle[-1]}", "next_layer_us": next_layer_us,
@@ -143,6 +174,13 @@ def wave_bytes(config: dict, wave: str, context: int, batch: int, distinct: floa
     return statistics.mean(per_layer) if per_layer else 0.0
 
 
+def clock_text(r: dict) -> str:
+    """'batch B (schedule): before / after MHz (reasons)' for the report and the run's printout."""
+    before, after = (list(r.get("clocks") or []) + [None, None])[:2]
+    mhz = " / ".join(str(c["sm_mhz"]) if c else "?" for c in (before, after))
+    return f"batch {r['batch']} ({r.get('schedule', 'default')}): {mhz}" + (f" ({after['reasons']})" if after else "")
+
+
 def report(results: list[dict], bandwidth: float, config: dict) -> str:
     lines = [f"HBM copy bandwidth measured in this run: {bandwidth / 1e12:.2f} TB/s", "",
              "| batch | context | schedule | splits | tasks | step us (median) | tok/s | distinct experts/layer | "
@@ -154,6 +192,9 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
                      f"{r['step_us_median']:.0f} | {r['batch'] / (r['step_us_median'] * 1e-6):.0f} | "
                      f"{r['distinct_experts']:.1f} | {nbytes / 1e9:.2f} | {gbs:.0f} | "
                      f"{100 * gbs * 1e9 / bandwidth:.0f}% |")
+    if any(any(r.get("clocks") or []) for r in results):
+        lines += ["", "SM clock before / after each row's timed launches (MHz; active clock-event reasons, "
+                      "nvidia-smi's bitmask, after): " + "; ".join(clock_text(r) for r in results)]
     for r in results:
         lines += ["", f"### batch {r['batch']}, context {r['context']}, schedule {r.get('schedule', 'default')} "
                       f"({r['attn_splits']} attention splits)", "",
@@ -220,7 +261,8 @@ def main(argv=None) -> None:
     for b in (int(x) for x in args.batch_sizes.split(",")):
         for s in schedules:
             results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed, s))
-            print(f"batch {b}, schedule {s}: {results[-1]['step_us_median']:.0f} us per step", flush=True)
+            print(f"batch {b}, schedule {s}: {results[-1]['step_us_median']:.0f} us per step; SM clock "
+                  f"{clock_text(results[-1]).partition(': ')[2]}", flush=True)
             torch.cuda.empty_cache()
     traces = [r.pop("task_trace") for r in results]
     traces = [t for t, r in zip(traces, results) if r["schedule"] == schedules[0]]  # the first schedule's

@@ -189,6 +189,28 @@ def test_profile_report_bandwidth_arithmetic(dims):
     assert "| o_proj | 3.0 | 1.5 | 2.5 | 0.2 |" in text
 
 
+def test_profile_report_says_the_sm_clock_around_each_timing_when_nvidia_smi_could():
+    """kernel_profile reads the SM clock and its clock-event reasons before and after each row's timed
+    launches; the report lists them, and says nothing of clocks for profiles that have none."""
+    import json
+
+    from benchmarks import kernel_profile
+
+    assert kernel_profile.parse_smi_clocks("1755, 0x0000000000000004\n") == {"sm_mhz": 1755,
+                                                                             "reasons": "0x0000000000000004"}
+    assert kernel_profile.parse_smi_clocks("[N/A], [N/A]") is None and kernel_profile.parse_smi_clocks("") is None
+    config = json.loads((TINY_CONFIG / "config.json").read_text())
+    row = {"batch": 1, "context": 100, "attn_splits": 1, "tasks": 10, "step_us_median": 50.0, "step_us_min": 49.0,
+           "traced_step_us": 51.0, "distinct_experts": 7.0, "waves": []}
+    throttled = dict(row, schedule="default", clocks=[{"sm_mhz": 1980, "reasons": "0x0"},
+                                                      {"sm_mhz": 1755, "reasons": "0x4"}])
+    unknown = dict(row, batch=8, schedule="norm=wave", clocks=[None, {"sm_mhz": 1980, "reasons": "0x0"}])
+    text = kernel_profile.report([throttled, unknown], bandwidth=1e12, config=config)
+    assert "batch 1 (default): 1980 / 1755 (0x4); batch 8 (norm=wave): ? / 1980 (0x0)" in text
+    for rows in ([row], [dict(row, clocks=[None, None])]):
+        assert "SM clock" not in kernel_profile.report(rows, bandwidth=1e12, config=config)
+
+
 def test_random_weights_have_the_checkpoint_layout_and_decode(dims, tiny_checkpoint):
     ckpt = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.float32)
     rnd = ref.Weights.random(dims, *ckpt.intermediates(), device="cpu", dtype=torch.float32, seed=3)
