@@ -2,7 +2,8 @@
 
     python -m benchmarks.ab.table OUT RUN ...     # RUN = NAME-i, a folder OUT/RUN/profile.json; the first NAME is the base
 
-Written by benchmarks/ab/run.sh after its runs; also by hand on runs that came back from the device.
+Written by benchmarks/ab/run.sh after its runs; also by hand on runs that came back from the device. Where
+kernel_profile could read the SM clock around a batch's timing, the cell ends with the lowest it read.
 """
 
 import json
@@ -21,6 +22,17 @@ def step_times(profile: dict) -> dict[int, float]:
     return {r["batch"]: r["step_us_median"] for r in profile["results"] if r["schedule"] == "default"}
 
 
+def sm_clocks(profile: dict) -> dict[int, int]:
+    """The lowest SM clock (MHz) kernel_profile read around each batch's timed launches (its default
+    schedule), where it could read one: a run timed at a lowered clock says so in its cell."""
+    out = {}
+    for r in profile["results"]:
+        mhz = [c["sm_mhz"] for c in r.get("clocks") or [] if c]
+        if r["schedule"] == "default" and mhz:
+            out[r["batch"]] = min(mhz)
+    return out
+
+
 def table(runs: dict[str, dict]) -> str:
     """Markdown: one row per run in the order given; each cell the median step and its change against the
     mean of the base's runs (the base: the first run's variant) at that batch."""
@@ -36,13 +48,13 @@ def table(runs: dict[str, dict]) -> str:
              "|---|---|" + "---|" * len(batches)]
     for run, s in steps.items():
         cells = []
+        clocks = sm_clocks(runs[run])
         for b in batches:
             if b not in s:
                 cells.append("-")
-            elif b in ref:
-                cells.append(f"{s[b]:.0f} us ({(s[b] / ref[b] - 1) * 100:+.1f}%)")
-            else:
-                cells.append(f"{s[b]:.0f} us")
+                continue
+            cell = f"{s[b]:.0f} us ({(s[b] / ref[b] - 1) * 100:+.1f}%)" if b in ref else f"{s[b]:.0f} us"
+            cells.append(cell + (f" at {clocks[b]} MHz" if b in clocks else ""))
         bw = runs[run]["bandwidth_bytes_per_s"] / 1e12
         lines.append(f"| {run} | {bw:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + f"\n\nChanges against the mean of the {base} runs at each batch.\n"

@@ -35,6 +35,21 @@ def test_the_table_puts_each_run_against_the_mean_of_the_base_runs(tmp_path):
     assert "Changes against the mean of the base runs" in text
 
 
+def test_a_cell_names_the_lowest_sm_clock_read_around_its_timing(tmp_path):
+    """Runs whose profile has clocks (kernel_profile from ba07b5d on) show the lowest SM clock read around
+    each batch's timing; runs without them keep their cells as they were."""
+    profile = json.loads((CALL2 / "base" / "profile.json").read_text())
+    clocked = json.loads(json.dumps(profile))
+    for r in clocked["results"]:
+        r["clocks"] = [{"sm_mhz": 1980, "reasons": "0x0"}, {"sm_mhz": 1755 if r["batch"] == 1 else 1980,
+                                                            "reasons": "0x4"}]
+    text = ab_table.table({"base-1": profile, "slow-2": clocked})
+    row = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    b1 = ab_table.step_times(profile)[1]
+    assert f"| {b1:.0f} us (+0.0%) |" in row["base-1"] and "MHz" not in row["base-1"]
+    assert f"{b1:.0f} us (+0.0%) at 1755 MHz" in row["slow-2"] and " at 1980 MHz" in row["slow-2"]
+
+
 def test_a_run_name_is_its_variant_and_index():
     assert ab_table.variant("base-3") == "base"
     assert ab_table.variant("topk-abort-12") == "topk-abort"
