@@ -175,10 +175,10 @@ def wave_bytes(config: dict, wave: str, context: int, batch: int, distinct: floa
 
 
 def clock_text(r: dict) -> str:
-    """'batch B (schedule): before / after MHz (reasons)' for the report and the run's printout."""
+    """A row's clocks as 'before / after MHz (reasons after)', '?' for a reading nvidia-smi could not give."""
     before, after = (list(r.get("clocks") or []) + [None, None])[:2]
     mhz = " / ".join(str(c["sm_mhz"]) if c else "?" for c in (before, after))
-    return f"batch {r['batch']} ({r.get('schedule', 'default')}): {mhz}" + (f" ({after['reasons']})" if after else "")
+    return mhz + (f" ({after['reasons']})" if after else "")
 
 
 def report(results: list[dict], bandwidth: float, config: dict) -> str:
@@ -194,7 +194,8 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
                      f"{100 * gbs * 1e9 / bandwidth:.0f}% |")
     if any(any(r.get("clocks") or []) for r in results):
         lines += ["", "SM clock before / after each row's timed launches (MHz; active clock-event reasons, "
-                      "nvidia-smi's bitmask, after): " + "; ".join(clock_text(r) for r in results)]
+                      "nvidia-smi's bitmask, after): " + "; ".join(
+            f"batch {r['batch']} ({r.get('schedule', 'default')}): {clock_text(r)}" for r in results)]
     for r in results:
         lines += ["", f"### batch {r['batch']}, context {r['context']}, schedule {r.get('schedule', 'default')} "
                       f"({r['attn_splits']} attention splits)", "",
@@ -262,7 +263,7 @@ def main(argv=None) -> None:
         for s in schedules:
             results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed, s))
             print(f"batch {b}, schedule {s}: {results[-1]['step_us_median']:.0f} us per step; SM clock "
-                  f"{clock_text(results[-1]).partition(': ')[2]}", flush=True)
+                  f"{clock_text(results[-1])}", flush=True)
             torch.cuda.empty_cache()
     traces = [r.pop("task_trace") for r in results]
     traces = [t for t, r in zip(traces, results) if r["schedule"] == schedules[0]]  # the first schedule's

@@ -247,7 +247,7 @@ def test_down_tiles_that_do_not_divide_hidden_cut_each_slots_last_tile_and_match
     shape = StepShape(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1, expert_claims=claims,
                       tiles=(("moe_down_rows", 48),))
     sched = build_schedule(dims, shape, *weights.intermediates())
-    assert sched.tiles.moe_down_rows == 48 and layout.down_tiles(dims.hidden, 48) == 2
+    assert sched.tiles.moe_down_rows == 48 and layout.slot_tiles(dims.hidden, 48) == 2
     layer = next(i for i in range(dims.num_layers) if not dims.dense[i])
     down = [t for t in sched.tasks if t.layer == layer and t.op == Op.MOE_DOWN]
     assert {t.fields["rows"] for t in down} == {48} and sorted({t.fields["row0"] for t in down}) == [0, 48]

@@ -91,9 +91,11 @@ def partial_cap(batch: int, stage_rows: int) -> int:
     return min(in_registers, (PARTIAL_FLOATS - CONSUMER_WARPS * stage_rows * bp) // bp)
 
 
-def down_tiles(hidden: int, rows: int) -> int:
-    """Down tiles per expert slot: the last one narrower when ``rows`` does not divide ``hidden``."""
-    return -(-hidden // rows)
+def slot_tiles(total: int, width: int) -> int:
+    """Tiles per expert slot of a wave whose tasks each take ``width`` of ``total`` columns (up/gate) or rows
+    (down): the last one narrower when ``width`` does not divide ``total`` (csrc/ops/moe.cuh's claimed_word
+    numbers a claimed wave the same way)."""
+    return -(-total // width)
 
 
 def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,

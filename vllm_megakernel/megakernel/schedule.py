@@ -335,7 +335,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             bar["down"] = b.barrier(f"{L}.moe_down")
             b.task(Op.ROUTER_TOPK, layer, "router_topk", waits=(bar["router"],), signal=bar["route"],
                    reads=(("scores",),), writes=(("route",), ("topk_w",)), down_barrier=bar["down"],
-                   down_tiles=layout.down_tiles(H, tiles.moe_down_rows))
+                   down_tiles=layout.slot_tiles(H, tiles.moe_down_rows))
 
         def attn_wave():
             bar["attn"] = _attn_partial_wave(b, layer, B, S, bar["qkv"])
@@ -368,7 +368,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             n, route = tiles.moe_down_rows, bar["route"]
             claim = b.barrier(f"{L}.moe_down.claims") if shape.expert_claims else NO_BARRIER
             for s in range(slots):
-                for t in range(layout.down_tiles(H, n)):  # every task's rows is n, the last one cut at H
+                for t in range(layout.slot_tiles(H, n)):  # every task's rows is n, the last one cut at H
                     b.task(Op.MOE_DOWN, layer, "mlp_down", waits=(bar["up"][s],), signal=bar["down"],
                            load_wait=route, reads=(("route",), ("act", s)), writes=(("eout", s, t),), slot=s,
                            row0=t * n, rows=n, claim=claim)
@@ -419,18 +419,18 @@ def _check_claim_waves(tasks: list[Task], moe_intermediate: int, hidden: int) ->
     """What a claiming producer relies on (abi's ``claim``): the n-th task of a wave (by index) is tile
     n % tiles of slot n / tiles (tiles = ceil(total / width), every task of the wave carrying the same width),
     and the slot's barrier is the wave's first slot barrier plus the slot."""
+    def tile(t: Task) -> tuple[int, int, int]:  # (width, first column / row, the slot's barrier)
+        if t.op == Op.MOE_UPGATE:
+            return t.fields["cols"], t.fields["col0"], t.signal
+        return t.fields["rows"], t.fields["row0"], t.waits[0]
+
     first: dict[int, Task] = {}
     for t in tasks:
         if t.claim == NO_BARRIER:
             continue
         head = first.setdefault(t.claim, t)
-        width = t.fields["cols"] if t.op == Op.MOE_UPGATE else t.fields["rows"]
-        head_width = head.fields["cols"] if t.op == Op.MOE_UPGATE else head.fields["rows"]
-        tile0 = t.fields["col0"] if t.op == Op.MOE_UPGATE else t.fields["row0"]
-        total = moe_intermediate if t.op == Op.MOE_UPGATE else hidden
-        tiles = -(-total // width)
-        per_slot = t.signal if t.op == Op.MOE_UPGATE else t.waits[0]
-        head_slot = head.signal if t.op == Op.MOE_UPGATE else head.waits[0]
+        (width, tile0, per_slot), (head_width, _, head_slot) = tile(t), tile(head)
+        tiles = layout.slot_tiles(moe_intermediate if t.op == Op.MOE_UPGATE else hidden, width)
         n = t.index - head.index
         if (t.op, width, t.fields["slot"], tile0 // width, per_slot) != \
                 (head.op, head_width, n // tiles, n % tiles, head_slot + n // tiles):
