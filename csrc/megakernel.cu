@@ -262,13 +262,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // the only block-wide barrier: before the roles split
   const Step st{S.step};
+  if (Role::consumer()) {
+    raise_registers<kConsumerRegisters>();
+    run_consumers(S, st, layer_table, max_tasks, barriers, error);
+    return;
+  }
+  lower_registers<kSupportRegisters>();
   if (Role::producer())
     run_producer(S, st, layer_table, tasks + (long long)blockIdx.x * max_tasks * abi::kTaskWords, max_tasks,
                  barriers, error);
-  else if (Role::signaller()) {
-    if (Role::lane() == 0) run_signaller(S, st, max_tasks, barriers);
-  } else
-    run_consumers(S, st, layer_table, max_tasks, barriers, error);
+  else if (Role::signaller() && Role::lane() == 0)
+    run_signaller(S, st, max_tasks, barriers);
 }
 
 void check(cudaError_t err, const char* what) {
@@ -283,6 +287,14 @@ size_t decode_smem_bytes() { return sizeof(SharedStorage); }
 void launch_decode(const LaunchArgs& a, cudaStream_t stream) {
   if (a.grid <= 0 || a.max_tasks <= 0) throw std::invalid_argument("vllm_megakernel: empty task list");
   const size_t smem = decode_smem_bytes();
+  cudaFuncAttributes attr{};
+  check(cudaFuncGetAttributes(&attr, decode_kernel), "reading the decode kernel's attributes");
+  // The consumers' setmaxnreg raise waits until the block's pool can cover it: compiled for fewer registers
+  // than roles.cuh budgets for, every block would wait forever instead of running.
+  if (attr.numRegs < kLaunchRegisters)
+    throw std::runtime_error("vllm_megakernel: the decode kernel was compiled for " + std::to_string(attr.numRegs) +
+                             " registers a thread; roles.cuh's register budgets need " +
+                             std::to_string(kLaunchRegisters));
   check(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
         "raising the dynamic shared-memory limit");
   decode_kernel<<<a.grid, kThreads, smem, stream>>>(a.step_table, a.layer_table, a.tasks, a.max_tasks, a.barriers,

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Session I, device call 4 (the machine of call 2, the bundle still installed; main's extension carried):
+# stock and megakernel inside vLLM at batch 1, 128K history.
+set -u
+export PYTHONUNBUFFERED=1
+res=$OUT/r; mkdir -p $res
+export PYTHONPATH=$PWD; source .offline-bundle/env.sh
+timeout 390 python -m benchmarks.decode_sweep --model configs/north-mini-code --load-format dummy \
+  --batch-sizes 1 --contexts 131072 --new-tokens 256 --cache-prompts --out $res/sweep-b1-128k > $res/sweep-b1-128k.log 2>&1
+echo "sweep rc=$?"; cat $res/sweep-b1-128k/table.md; tail -5 $res/sweep-b1-128k.log
+cd $OUT && tar czf r.tgz r && rm -rf r
