@@ -118,15 +118,16 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     middle = [i for i in range(2, dims.num_layers - 2) if not dims.dense[i]]
     next_layer_us, timeline = trace.layer_timeline(sched, traced.trace, middle)
     spread, sm_ends = trace.layer_ends(sched, traced.trace, middle)
+    ops, waves = [int(t.op) for t in sched.tasks], [t.wave for t in sched.tasks]
+    previous = trace.after_previous(ops, waves, traced.trace, trace.ran_tasks(sched, traced.trace))
     chosen = runtime.routing_log(traced.workspace, dims, batch)
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
     rec = traced.trace.cpu()
     t0 = int(rec[trace.ran_tasks(sched, rec), 1].min())  # a dead slot's skipped expert task has no record
     task_trace = {"sm": rec[:, 0].to(torch.int16), "times_ns": (rec[:, 1:] - t0).to(torch.int32),
-                  "op": torch.tensor([int(t.op) for t in sched.tasks], dtype=torch.int16),
-                  "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16),
-                  "waves": [t.wave for t in sched.tasks]}
+                  "op": torch.tensor(ops, dtype=torch.int16),
+                  "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16), "waves": waves}
     return {"batch": batch, "context": context, "schedule": schedule, "attn_splits": shape.attn_splits,
             "tiles": dataclasses.asdict(sched.tiles), "tasks": len(sched.tasks),
             "step_us_median": statistics.median(times), "step_us_min": min(times),
@@ -136,6 +137,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
             "timeline": {"layers": f"MoE layers {middle[0]}-{middle[-1]}", "next_layer_us": next_layer_us,
                          "waves": [dataclasses.asdict(r) for r in timeline]},
             "ends": {"spread": spread, "waves": [dataclasses.asdict(r) for r in sm_ends]},
+            "after_previous": [dataclasses.asdict(r) for r in previous],
             "task_trace": task_trace}
 
 
@@ -226,6 +228,10 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
 
             lines += ["", ends_markdown(r["ends"]["spread"], [SMEnds(**w) for w in r["ends"]["waves"]],
                                         r["timeline"]["layers"]).rstrip("\n")]
+        if "after_previous" in r:  # nor the split by the SM's previous task
+            from vllm_megakernel.megakernel.trace import AfterPrevious, after_previous_markdown
+
+            lines += ["", after_previous_markdown([AfterPrevious(**w) for w in r["after_previous"]]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

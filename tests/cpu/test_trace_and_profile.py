@@ -2,6 +2,8 @@
 random weights in vLLM's layout, and bulk-fill KV layouts (all on synthetic data; the GPU run is
 benchmarks.kernel_profile)."""
 
+import dataclasses
+
 import torch
 import pytest
 
@@ -187,6 +189,42 @@ def test_profile_report_bandwidth_arithmetic(dims):
     text = kernel_profile.report([dict(result, timeline=timeline, ends=ends)], bandwidth=1e12, config=config)
     assert "half of them by 2.0, 90% by 3.0, the last at 4.5; the next layer's first task at 5.0" in text
     assert "| o_proj | 3.0 | 1.5 | 2.5 | 0.2 |" in text
+
+
+def test_tasks_split_by_the_opcode_their_sm_ran_just_before():
+    """Per SM in run-start order (not task order): an up/gate task right after another up/gate task counts
+    as 'after its own opcode', the SM's first task and one after another opcode as 'after another'; a task
+    that did not run counts nowhere. The report prints the split when a profile has it."""
+    import json
+    import math
+
+    from benchmarks import kernel_profile
+
+    up, down, o = int(Op.MOE_UPGATE), int(Op.MOE_DOWN), int(Op.O_PROJ)
+    ops = [up, up, down, up, o, up]
+    waves = ["mlp_up", "mlp_up", "mlp_down", "mlp_up", "o_proj", "mlp_up"]
+    # (sm, run start, inputs, end) in us; task 1 runs before task 0 on SM 0; task 5 never ran
+    rows = [(0, 10, 11, 14), (0, 0, 2, 9), (0, 15, 15.5, 18), (1, 0, 3, 10), (1, 11, 12, 13), (1, 0, 0, 0)]
+    rec = torch.zeros(len(ops), len(abi.TRACE_FIELDS), dtype=torch.int64)
+    for i, (sm, start, inputs, end) in enumerate(rows):
+        if end:
+            rec[i] = torch.tensor([sm, start * 1000 - 500, start * 1000, inputs * 1000, inputs * 1000 + 100,
+                                   end * 1000 - 100, end * 1000])
+    ran = rec[:, abi.TRACE_FIELDS.index("end_ns")] > 0
+    split = {r.wave: r for r in trace.after_previous(ops, waves, rec, ran)}
+    assert list(split) == ["mlp_up", "mlp_down", "o_proj"]
+    u = split["mlp_up"]
+    assert (u.same, u.same_run_us, u.same_inputs_us) == (1, 4.0, 1.0)  # task 0, after task 1 on SM 0
+    assert (u.other, u.other_run_us, u.other_inputs_us) == (2, 9.5, 2.5)  # tasks 1 and 3: each its SM's first
+    assert split["mlp_down"].same == 0 and math.isnan(split["mlp_down"].same_run_us)
+    assert (split["mlp_down"].other, split["o_proj"].other) == (1, 1)
+    config = json.loads((TINY_CONFIG / "config.json").read_text())
+    result = {"batch": 1, "context": 100, "attn_splits": 1, "tasks": 6, "step_us_median": 50.0, "step_us_min": 49.0,
+              "traced_step_us": 51.0, "distinct_experts": 7.0, "waves": []}
+    assert "previous task" not in kernel_profile.report([result], bandwidth=1e12, config=config)
+    stored = json.loads(json.dumps([dataclasses.asdict(r) for r in split.values()]))  # as profile.json keeps it
+    text = kernel_profile.report([dict(result, after_previous=stored)], bandwidth=1e12, config=config)
+    assert "| mlp_up | 1 | 4.0 | 1.0 | 2 | 9.5 | 2.5 |" in text and "| mlp_down | 0 | nan | nan | 1 | 3.0 | 0.5 |" in text
 
 
 def test_profile_report_says_the_sm_clock_around_each_timing_when_nvidia_smi_could():

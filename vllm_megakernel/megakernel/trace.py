@@ -202,6 +202,65 @@ def layer_ends(schedule: Schedule, records: torch.Tensor, layers) -> tuple[dict[
     return spread, rows
 
 
+@dataclasses.dataclass
+class AfterPrevious:
+    """A wave's tasks split by the opcode of the task their SM ran just before: a task after one of its own
+    opcode finds that opcode's code warm in the SM's instruction caches, and (the second of two on an SM)
+    often runs while fewer SMs stream; a task after another opcode starts cold."""
+
+    wave: str
+    same: int  # tasks whose SM's previous task had the same opcode
+    same_run_us: float  # their mean run time (nan if none)
+    same_inputs_us: float  # their mean inputs phase (ops that mark it; nan if none)
+    other: int  # tasks whose SM's previous task had another opcode (or that are the SM's first)
+    other_run_us: float
+    other_inputs_us: float
+
+
+def after_previous(ops: list[int], waves: list[str], records: torch.Tensor, ran: torch.Tensor) -> list[AfterPrevious]:
+    """Per wave (in first-task order), its tasks that ran split by the opcode of their SM's previous task
+    (by run start). Plain lists so that a saved trace (kernel_profile's traces.pt: op, waves, sm, times)
+    can be read without its schedule."""
+    rec = records.detach().to("cpu", torch.int64)
+    f = {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
+    previous: dict[int, int] = {}  # task -> the op its SM ran just before it (absent: the SM's first)
+    by_sm: dict[int, list[int]] = defaultdict(list)
+    for i in range(len(ops)):
+        if ran[i]:
+            by_sm[int(f["sm"][i])].append(i)
+    for tasks in by_sm.values():
+        tasks.sort(key=lambda i: int(f["run_start_ns"][i]))
+        for before, i in zip(tasks, tasks[1:]):
+            previous[i] = ops[before]
+    groups: dict[str, dict[bool, list[int]]] = {}
+    for i in range(len(ops)):
+        if ran[i]:
+            groups.setdefault(waves[i], {True: [], False: []})[previous.get(i) == ops[i]].append(i)
+
+    def means(ix: list[int]) -> tuple[float, float]:
+        if not ix:
+            return float("nan"), float("nan")
+        t = torch.tensor(ix)
+        run = (f["end_ns"][t] - f["run_start_ns"][t]).double() / 1e3
+        marked = t[f["inputs_ns"][t] > 0]
+        inputs = (f["inputs_ns"][marked] - f["run_start_ns"][marked]).double() / 1e3
+        return float(run.mean()), float(inputs.mean()) if len(marked) else float("nan")
+
+    return [AfterPrevious(wave, len(g[True]), *means(g[True]), len(g[False]), *means(g[False]))
+            for wave, g in groups.items()]
+
+
+def after_previous_markdown(rows: list[AfterPrevious]) -> str:
+    lines = ["task run time by the opcode of the SM's previous task (us; inputs: until the activation rows were "
+             "staged)", "",
+             "| wave | after its own opcode | run | inputs | after another | run | inputs |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.wave} | {r.same} | {r.same_run_us:.1f} | {r.same_inputs_us:.1f} | {r.other} | "
+                     f"{r.other_run_us:.1f} | {r.other_inputs_us:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def ends_markdown(spread: dict[str, float], rows: list[SMEnds], layers: str) -> str:
     lines = [f"when the SMs finish the layer ({layers}, medians; us after the layer's first task started): the "
              f"first SM at {spread['first']:.1f}, half of them by {spread['half']:.1f}, 90% by {spread['p90']:.1f}, "
