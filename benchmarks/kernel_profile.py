@@ -176,6 +176,11 @@ def wave_bytes(config: dict, wave: str, context: int, batch: int, distinct: floa
     return statistics.mean(per_layer) if per_layer else 0.0
 
 
+def row_label(r: dict) -> str:
+    """A row's schedule, with the weights' placement when the run timed more than one (--placements)."""
+    return r.get("schedule", "default") + (f" @ placement {r['placement']}" if r.get("placement") else "")
+
+
 def clock_text(r: dict) -> str:
     """A row's clocks as 'before / after MHz (reasons after)', '?' for a reading nvidia-smi could not give."""
     before, after = (list(r.get("clocks") or []) + [None, None])[:2]
@@ -190,16 +195,16 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
     for r in results:
         nbytes = kernel_bytes(config, r["context"], r["batch"], r["distinct_experts"])
         gbs = nbytes / (r["step_us_median"] * 1e-6) / 1e9
-        lines.append(f"| {r['batch']} | {r['context']} | {r.get('schedule', 'default')} | {r['attn_splits']} | {r['tasks']} | "
+        lines.append(f"| {r['batch']} | {r['context']} | {row_label(r)} | {r['attn_splits']} | {r['tasks']} | "
                      f"{r['step_us_median']:.0f} | {r['batch'] / (r['step_us_median'] * 1e-6):.0f} | "
                      f"{r['distinct_experts']:.1f} | {nbytes / 1e9:.2f} | {gbs:.0f} | "
                      f"{100 * gbs * 1e9 / bandwidth:.0f}% |")
     if any(any(r.get("clocks") or []) for r in results):
         lines += ["", "SM clock before / after each row's timed launches (MHz; active clock-event reasons, "
                       "nvidia-smi's bitmask, after): " + "; ".join(
-            f"batch {r['batch']} ({r.get('schedule', 'default')}): {clock_text(r)}" for r in results)]
+            f"batch {r['batch']} ({row_label(r)}): {clock_text(r)}" for r in results)]
     for r in results:
-        lines += ["", f"### batch {r['batch']}, context {r['context']}, schedule {r.get('schedule', 'default')} "
+        lines += ["", f"### batch {r['batch']}, context {r['context']}, schedule {row_label(r)} "
                       f"({r['attn_splits']} attention splits)", "",
                   f"step wall time (traced launch): {r['traced_step_us']:.1f} us", "",
                   "| wave | opcodes | layers | tasks/layer | SMs | task run us | inputs | stages | tail | task wait us | "
@@ -244,6 +249,11 @@ def main(argv=None) -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--placements", type=int, default=1,
+                    help="time every batch and schedule on this many placements of the same weights: after the "
+                         "first, the weights are freed and made again behind a pad of a different size, so they "
+                         "land at other addresses (A/B runs in separate processes have disagreed by 12-18%% at "
+                         "batch 1; this tells a placement effect from one of the process)")
     ap.add_argument("--save-traces", action="store_true",
                     help="also write traces.pt (every task's record of the first schedule's traced launches, "
                          "about 1 MB a batch size); the report already holds the per-wave table and a layer's timeline")
@@ -265,14 +275,26 @@ def main(argv=None) -> None:
     schedules = [s.strip() for s in args.schedules.split(";")]
     for s in schedules:
         parse_schedule(s)  # a typo fails before minutes of GPU work
-    for b in (int(x) for x in args.batch_sizes.split(",")):
-        for s in schedules:
-            results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed, s))
-            print(f"batch {b}, schedule {s}: {results[-1]['step_us_median']:.0f} us per step; SM clock "
-                  f"{clock_text(results[-1])}", flush=True)
+    pad = None
+    for placement in range(args.placements):
+        if placement:  # the same weights again, at other addresses: a pad of a new size goes in first
+            del weights
+            pad = None
             torch.cuda.empty_cache()
+            pad = torch.empty(placement * (1 << 30) + placement * 37 * (1 << 21), dtype=torch.uint8, device="cuda")
+            weights = ref.Weights.random(dims, moe_i, dense_i, "cuda", seed=args.seed)
+        for b in (int(x) for x in args.batch_sizes.split(",")):
+            for s in schedules:
+                results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed, s))
+                if args.placements > 1:
+                    results[-1]["placement"] = placement
+                print(f"batch {b}, schedule {row_label(results[-1])}: {results[-1]['step_us_median']:.0f} us per "
+                      f"step; SM clock {clock_text(results[-1])}", flush=True)
+                torch.cuda.empty_cache()
+    del pad
     traces = [r.pop("task_trace") for r in results]
-    traces = [t for t, r in zip(traces, results) if r["schedule"] == schedules[0]]  # the first schedule's
+    traces = [t for t, r in zip(traces, results)  # the first schedule's, on the first placement
+              if r["schedule"] == schedules[0] and not r.get("placement")]
     text = report(results, bandwidth, config)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -227,6 +227,23 @@ def test_tasks_split_by_the_opcode_their_sm_ran_just_before():
     assert "| mlp_up | 1 | 4.0 | 1.0 | 2 | 9.5 | 2.5 |" in text and "| mlp_down | 0 | nan | nan | 1 | 3.0 | 0.5 |" in text
 
 
+def test_profile_rows_of_later_placements_say_which_placement_they_timed():
+    """--placements: rows of the first placement (or of a run with one) read as before; later ones carry
+    their placement in the summary table and their section heading."""
+    import json
+
+    from benchmarks import kernel_profile
+
+    config = json.loads((TINY_CONFIG / "config.json").read_text())
+    row = {"batch": 1, "context": 100, "schedule": "default", "attn_splits": 1, "tasks": 6, "step_us_median": 50.0,
+           "step_us_min": 49.0, "traced_step_us": 51.0, "distinct_experts": 7.0, "waves": []}
+    assert kernel_profile.row_label(row) == kernel_profile.row_label(dict(row, placement=0)) == "default"
+    text = kernel_profile.report([dict(row, placement=0), dict(row, placement=2, step_us_median=60.0)],
+                                 bandwidth=1e12, config=config)
+    assert "| 1 | 100 | default | 1 | 6 | 50 |" in text and "| 1 | 100 | default @ placement 2 | 1 | 6 | 60 |" in text
+    assert "### batch 1, context 100, schedule default @ placement 2 " in text
+
+
 def test_profile_report_says_the_sm_clock_around_each_timing_when_nvidia_smi_could():
     """kernel_profile reads the SM clock and its clock-event reasons before and after each row's timed
     launches; the report lists them, and says nothing of clocks for profiles that have none."""
