@@ -1,0 +1,82 @@
+"""megakernel.timing, the CPU timing model of a schedule: tasks start as early as their SM and their barriers
+allow, claims hand out every tile once, and benchmarks.schedule_model's table reads a profile's durations."""
+
+import json
+
+import pytest
+
+from conftest import TINY_CONFIG
+from vllm_megakernel import reference as ref
+from vllm_megakernel.megakernel import timing
+from vllm_megakernel.megakernel.abi import NO_BARRIER
+from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+
+TINY_I, TINY_DENSE_I = 32, 96
+
+
+@pytest.fixture(scope="module")
+def dims():
+    return ref.ModelDims.from_config(TINY_CONFIG)
+
+
+def durations_for(sched, scale=1.0):
+    waves = sorted({t.wave for t in sched.tasks})
+    return {w: scale * (1.0 + 0.7 * i) for i, w in enumerate(waves)}
+
+
+@pytest.mark.parametrize("batch, claims", [(1, True), (3, True), (3, False), (20, True)])
+def test_every_task_starts_as_soon_as_its_sm_and_its_barriers_allow(dims, batch, claims):
+    """A list schedule without idle choice: each task starts at the later of its SM's previous end plus the
+    gap and, for every barrier it waits on, that barrier's last signal plus the hop; every task (every
+    claimed tile once) runs for its wave's duration."""
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1,
+                                           expert_claims=claims), TINY_I, TINY_DENSE_I)
+    durations, hop, gap = durations_for(sched), 0.9, 0.2
+    tl = timing.timeline(sched, durations, hop_us=hop, gap_us=gap)
+    ran = sorted(i for lst in tl.sm_lists for i in lst)
+    assert ran == list(range(len(sched.tasks)))  # every task once, claimed tiles included
+    completion = {}
+    for t in sched.tasks:
+        if t.signal != NO_BARRIER:
+            completion[t.signal] = max(completion.get(t.signal, 0.0), tl.end[t.index])
+    for lst in tl.sm_lists:
+        previous_end = None
+        for i in lst:
+            t = sched.tasks[i]
+            assert tl.end[i] == pytest.approx(tl.start[i] + durations[t.wave])
+            bound = max([0.0 if previous_end is None else previous_end + gap]
+                        + [completion[b] + hop for b in t.waits])
+            assert tl.start[i] == pytest.approx(bound)
+            previous_end = tl.end[i]
+
+
+def test_a_slower_wave_on_the_critical_path_lengthens_the_layer_and_an_unknown_wave_is_refused(dims):
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, attn_min_tiles=1), TINY_I, TINY_DENSE_I)
+    durations = durations_for(sched)
+    moe = [i for i in range(1, dims.num_layers - 1) if not dims.dense[i]]
+    base = timing.timeline(sched, durations).layer_period(sched, moe)
+    slower = dict(durations, router_topk=durations["router_topk"] + 5.0)  # every expert task waits on it
+    assert timing.timeline(sched, slower).layer_period(sched, moe) == pytest.approx(base + 5.0)
+    with pytest.raises(ValueError, match="no duration"):
+        timing.timeline(sched, {k: v for k, v in durations.items() if k != "o_proj"})
+
+
+def test_schedule_model_table_compares_schedules_on_a_profiles_durations(dims):
+    from benchmarks import schedule_model
+
+    config = json.loads((TINY_CONFIG / "config.json").read_text())
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=6), TINY_I, TINY_DENSE_I)
+    waves = [{"wave": w, "run_us": d} for w, d in durations_for(sched).items()]
+    profile = {"results": [{"batch": 2, "schedule": "default", "waves": waves,
+                            "timeline": {"next_layer_us": 12.5}}]}
+    schedules = ["default", "order=combine_before_experts"]
+    rows = schedule_model.model_rows(config, profile, [2], schedules, num_sms=6, hop_us=1.0, gap_us=0.3)
+    assert [r["schedule"] for r in rows] == schedules and rows[0]["vs_first"] == 0.0
+    assert all(r["model_layer_us"] > 0 for r in rows)
+    text = schedule_model.table(rows, schedules)
+    assert f"| 2 | default | {rows[0]['model_layer_us']:.1f} | +0.0% | 12.5 |" in text
+    with pytest.raises(ValueError, match="changes task sizes"):
+        schedule_model.model_rows(config, profile, [2], ["default", "moe_up_cols=16"], num_sms=6, hop_us=1.0,
+                                  gap_us=0.3)
+    with pytest.raises(ValueError, match="no default-schedule row at batch 4"):
+        schedule_model.model_rows(config, profile, [4], schedules, num_sms=6, hop_us=1.0, gap_us=0.3)
