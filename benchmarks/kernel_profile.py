@@ -125,7 +125,9 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
     rec = traced.trace.cpu()
     t0 = int(rec[trace.ran_tasks(sched, rec), 1].min())  # a dead slot's skipped expert task has no record
-    task_trace = {"sm": rec[:, 0].to(torch.int16), "times_ns": (rec[:, 1:] - t0).to(torch.int32),
+    # times after the step's first wait; -1 where a task left a field unmarked (or never ran)
+    times = torch.where(rec[:, 1:] > 0, rec[:, 1:] - t0, -1)
+    task_trace = {"sm": rec[:, 0].to(torch.int16), "times_ns": times.to(torch.int32),
                   "op": torch.tensor(ops, dtype=torch.int16),
                   "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16), "waves": waves}
     return {"batch": batch, "context": context, "schedule": schedule, "attn_splits": shape.attn_splits,
@@ -177,7 +179,8 @@ def wave_bytes(config: dict, wave: str, context: int, batch: int, distinct: floa
 
 
 def row_label(r: dict) -> str:
-    """A row's schedule, with the weights' placement when the run timed more than one (--placements)."""
+    """A row's schedule, with the weights' placement when the run timed more than one (--placements); rows of
+    the first placement (0) read as a run of one placement's."""
     return r.get("schedule", "default") + (f" @ placement {r['placement']}" if r.get("placement") else "")
 
 
@@ -258,6 +261,8 @@ def main(argv=None) -> None:
                     help="also write traces.pt (every task's record of the first schedule's traced launches, "
                          "about 1 MB a batch size); the report already holds the per-wave table and a layer's timeline")
     args = ap.parse_args(argv)
+    if args.placements < 1:
+        ap.error("--placements must be at least 1")
 
     import torch
 

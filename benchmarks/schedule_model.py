@@ -8,16 +8,19 @@ Per batch size: the task run time of every wave is taken from the profile's defa
 batch (a traced launch on the GPU); each schedule (kernel_profile's --schedules syntax) is built for the
 full machine and run through the model; the table gives the modelled MoE-layer period (median over the
 middle MoE layers, as kernel_profile's timeline), its change against the modelled default, and the period
-the profile measured for the default. The model knows dependencies, placement and claims and nothing of
+the profile measured for the default. Expert slots in use: the profile's mean distinct experts per layer,
+rounded, on every MoE layer. The model knows dependencies, placement and claims and nothing of
 bandwidth (see megakernel.timing): trust it for where tasks wait on one another, not for bytes in flight.
 Schedules that change task sizes (tiles, splits, heads per combine, the norm's form) are refused: the
-profile's durations are for its own sizes. Against the measured layers of wgr-2 (h200-2026-12-01-v2-
-warpgroup-registers) the modelled default is 7% short at batch 1 and 2 and 15-19% long at batch 4 and 8.
+profile's durations are for its own sizes, and so is a profile whose default is not this one's (another SM
+count, other defaults since). Against the measured layers of wgr-2 (h200-2026-12-01-v2-warpgroup-registers)
+the modelled default is 7% short at batch 1 and 2, 1% short at 4 and 4% long at 8 (PERF_LOG #48).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -44,6 +47,14 @@ def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[
         if measured is None:
             raise ValueError(f"the profile has no default-schedule row at batch {b}")
         durations = timing.durations_from_profile(measured)
+        # the durations are for the profile's own task sizes: the default here must build the same tasks
+        own = build_schedule(dims, StepShape(batch=b, num_sms=num_sms), moe_i, dense_i)
+        theirs = (measured.get("attn_splits"), measured.get("tiles"), measured.get("tasks"))
+        if (own.shape.attn_splits, dataclasses.asdict(own.tiles), len(own.tasks)) != theirs:
+            raise ValueError(f"batch {b}: the default schedule here ({own.shape.attn_splits} splits, "
+                             f"{len(own.tasks)} tasks on {num_sms} SMs) is not the profile's ({theirs[0]} splits, "
+                             f"{theirs[2]} tasks): its durations would not fit")
+        live = min(own.num_slots, round(measured["distinct_experts"]))  # the routing's mean slots in use
         base = None
         for s in schedules:
             choices = parse_schedule(s)
@@ -51,7 +62,8 @@ def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[
                 raise ValueError(f"schedule {s!r} changes task sizes ({sorted(set(choices) & SIZE_CHOICES)}): the "
                                  "model would time its tasks with the profile's durations for other sizes")
             sched = build_schedule(dims, StepShape(batch=b, num_sms=num_sms, **choices), moe_i, dense_i)
-            period = timing.timeline(sched, durations, hop_us=hop_us, gap_us=gap_us).layer_period(sched, middle)
+            period = timing.timeline(sched, durations, hop_us=hop_us, gap_us=gap_us,
+                                     live_slots=lambda layer: live).layer_period(sched, middle)
             base = period if base is None else base
             rows.append({"batch": b, "schedule": s, "model_layer_us": period, "vs_first": period / base - 1,
                          "measured_default_layer_us": measured.get("timeline", {}).get("next_layer_us")})

@@ -1,6 +1,7 @@
 """megakernel.timing, the CPU timing model of a schedule: tasks start as early as their SM and their barriers
 allow, claims hand out every tile once, and benchmarks.schedule_model's table reads a profile's durations."""
 
+import dataclasses
 import json
 
 import pytest
@@ -67,8 +68,9 @@ def test_schedule_model_table_compares_schedules_on_a_profiles_durations(dims):
     config = json.loads((TINY_CONFIG / "config.json").read_text())
     sched = build_schedule(dims, StepShape(batch=2, num_sms=6), TINY_I, TINY_DENSE_I)
     waves = [{"wave": w, "run_us": d} for w, d in durations_for(sched).items()]
-    profile = {"results": [{"batch": 2, "schedule": "default", "waves": waves,
-                            "timeline": {"next_layer_us": 12.5}}]}
+    profile = {"results": [{"batch": 2, "schedule": "default", "waves": waves, "attn_splits": sched.shape.attn_splits,
+                            "tiles": dataclasses.asdict(sched.tiles), "tasks": len(sched.tasks),
+                            "distinct_experts": 3.2, "timeline": {"next_layer_us": 12.5}}]}
     schedules = ["default", "order=combine_before_experts"]
     rows = schedule_model.model_rows(config, profile, [2], schedules, num_sms=6, hop_us=1.0, gap_us=0.3)
     assert [r["schedule"] for r in rows] == schedules and rows[0]["vs_first"] == 0.0
@@ -78,5 +80,27 @@ def test_schedule_model_table_compares_schedules_on_a_profiles_durations(dims):
     with pytest.raises(ValueError, match="changes task sizes"):
         schedule_model.model_rows(config, profile, [2], ["default", "moe_up_cols=16"], num_sms=6, hop_us=1.0,
                                   gap_us=0.3)
+    other = {"results": [dict(profile["results"][0], tasks=len(sched.tasks) + 1)]}  # another kernel's task list
+    with pytest.raises(ValueError, match="not the profile's"):
+        schedule_model.model_rows(config, other, [2], schedules, num_sms=6, hop_us=1.0, gap_us=0.3)
     with pytest.raises(ValueError, match="no default-schedule row at batch 4"):
         schedule_model.model_rows(config, profile, [4], schedules, num_sms=6, hop_us=1.0, gap_us=0.3)
+
+
+@pytest.mark.parametrize("claims", [True, False])
+def test_dead_slots_tasks_are_skipped_and_the_live_ones_still_run_as_soon_as_they_can(dims, claims):
+    """With live_slots, a dead slot's expert tasks never run (a claiming place that draws a dead tile ends
+    its wave on that SM) and take no time, the step still finishes, and every live expert tile runs."""
+    from vllm_megakernel.megakernel.abi import ROUTED_OPS
+
+    sched = build_schedule(dims, StepShape(batch=3, num_sms=5, attn_splits=2, attn_min_tiles=1,
+                                           expert_claims=claims), TINY_I, TINY_DENSE_I)
+    assert sched.num_slots > 2
+    tl = timing.timeline(sched, durations_for(sched), live_slots=lambda layer: 2)
+    ran = {i for lst in tl.sm_lists for i in lst}
+    for t in sched.tasks:
+        dead = t.op in ROUTED_OPS and t.fields["slot"] >= 2
+        assert (t.index in ran) == (not dead), t.describe()
+        assert (tl.start[t.index] == tl.start[t.index]) == (not dead)
+    full = timing.timeline(sched, durations_for(sched))
+    assert max(e for e in tl.end if e == e) <= max(full.end)

@@ -10,7 +10,14 @@ does. Times are in microseconds.
 - ``durations``: per wave, a task's run time (``benchmarks.kernel_profile``'s "task run us");
 - ``hop_us``: from a barrier's last signal to a waiting task's start (the signaller's fence and atomic,
   the waiter's poll);
-- ``gap_us``: between two tasks of one SM (the loop's own work: the descriptor, the named barriers).
+- ``gap_us``: between two tasks of one SM (the loop's own work: the descriptor, the named barriers);
+- ``live_slots``: per layer, the routed expert slots in use; a dead slot's tasks are skipped as the kernel's
+  producer skips them (their signals counted as the top-k makes them up), a claiming place that draws a
+  dead tile ends its wave on that SM. Left out, every slot is live.
+
+Claims are settled when the SM gets free for the place; the kernel's producer claims up to the descriptor
+ring's depth ahead (simulate.run models that, without times), so the model hands late tiles out a little
+later than the kernel.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from vllm_megakernel.megakernel.abi import NO_BARRIER
+from collections.abc import Callable
+
+from vllm_megakernel.megakernel.abi import NO_BARRIER, ROUTED_OPS
 from vllm_megakernel.megakernel.schedule import Schedule
 
 
 @dataclasses.dataclass
 class Timed:
-    start: list[float]  # per task index (nan: never ran, a claimed wave's unclaimed tile)
+    start: list[float]  # per task index (nan: never ran, a dead slot's task)
     end: list[float]
     sm_lists: list[list[int]]  # per SM, the tasks it ran in order (claimed tiles in their places)
 
@@ -54,7 +63,8 @@ class Timed:
         return out
 
 
-def timeline(schedule: Schedule, durations: dict[str, float], hop_us: float = 1.0, gap_us: float = 0.3) -> Timed:
+def timeline(schedule: Schedule, durations: dict[str, float], hop_us: float = 1.0, gap_us: float = 0.3,
+             live_slots: Callable[[int], int] | None = None) -> Timed:
     """Runs the schedule in time order (every SM's list in order, claims in the order SMs reach them) and
     returns when each task ran. Raises ValueError on a wave without a duration or a schedule that cannot
     finish (simulate.run says why)."""
@@ -74,6 +84,13 @@ def timeline(schedule: Schedule, durations: dict[str, float], hop_us: float = 1.
     pcs = [0] * len(lists)
     free = [0.0] * len(lists)
     resolved = [False] * len(lists)  # whether the SM's next place has taken its claim
+    exhausted: list[set[int]] = [set() for _ in lists]  # claim counters that handed the SM a dead tile
+    dead = {t.index for t in schedule.tasks if live_slots is not None and t.op in ROUTED_OPS
+            and t.fields["slot"] >= live_slots(t.layer)}
+    for i in dead:  # made up by the top-k (down) or waited on by dead tasks alone (up): complete by then
+        t = schedule.tasks[i]
+        if t.signal != NO_BARRIER:
+            counts[t.signal] += 1
 
     def ready_time(sm: int) -> float | None:
         task = schedule.tasks[lists[sm][pcs[sm]]]
@@ -101,10 +118,16 @@ def timeline(schedule: Schedule, durations: dict[str, float], hop_us: float = 1.
         if claiming and (best_at is None or claiming[0][0] <= best_at):
             sm = claiming[0][1]
             task = schedule.tasks[lists[sm][pcs[sm]]]
-            if task.claim != NO_BARRIER:
+            if task.claim != NO_BARRIER and task.claim not in exhausted[sm]:
                 wave = claimable[task.claim]
-                lists[sm][pcs[sm]] = wave[claimed[task.claim]]
+                lists[sm][pcs[sm]] = wave[claimed[task.claim]]  # a wave has as many places as tiles
                 claimed[task.claim] += 1
+                if lists[sm][pcs[sm]] in dead:  # tiles are numbered slot by slot: every later claim is dead too
+                    exhausted[sm].add(task.claim)
+            if lists[sm][pcs[sm]] in dead or task.claim in exhausted[sm]:  # skipped: no time, no signal
+                lists[sm].pop(pcs[sm])
+                remaining -= 1
+                continue
             resolved[sm] = True
             continue
         if best is None:

@@ -210,17 +210,18 @@ class AfterPrevious:
 
     wave: str
     same: int  # tasks whose SM's previous task had the same opcode
-    same_run_us: float  # their mean run time (nan if none)
-    same_inputs_us: float  # their mean inputs phase (ops that mark it; nan if none)
+    same_run_us: float | None  # their mean run time (None if none)
+    same_inputs_us: float | None  # their mean inputs phase (ops that mark it; None if none)
     other: int  # tasks whose SM's previous task had another opcode (or that are the SM's first)
-    other_run_us: float
-    other_inputs_us: float
+    other_run_us: float | None
+    other_inputs_us: float | None
 
 
 def after_previous(ops: list[int], waves: list[str], records: torch.Tensor, ran: torch.Tensor) -> list[AfterPrevious]:
     """Per wave (in first-task order), its tasks that ran split by the opcode of their SM's previous task
-    (by run start). Plain lists so that a saved trace (kernel_profile's traces.pt: op, waves, sm, times)
-    can be read without its schedule."""
+    (by run start). Plain lists, so that a saved trace (kernel_profile's traces.pt: op, waves, sm, and times
+    with -1 for fields a task did not mark) can be read without its schedule: ``records`` then is
+    ``torch.cat([sm[:, None], times], 1)`` and ``ran`` is ``times[:, -1] >= 0``."""
     rec = records.detach().to("cpu", torch.int64)
     f = {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
     previous: dict[int, int] = {}  # task -> the op its SM ran just before it (absent: the SM's first)
@@ -237,14 +238,14 @@ def after_previous(ops: list[int], waves: list[str], records: torch.Tensor, ran:
         if ran[i]:
             groups.setdefault(waves[i], {True: [], False: []})[previous.get(i) == ops[i]].append(i)
 
-    def means(ix: list[int]) -> tuple[float, float]:
+    def means(ix: list[int]) -> tuple[float | None, float | None]:  # None, not nan: profile.json stays JSON
         if not ix:
-            return float("nan"), float("nan")
+            return None, None
         t = torch.tensor(ix)
         run = (f["end_ns"][t] - f["run_start_ns"][t]).double() / 1e3
         marked = t[f["inputs_ns"][t] > 0]
         inputs = (f["inputs_ns"][marked] - f["run_start_ns"][marked]).double() / 1e3
-        return float(run.mean()), float(inputs.mean()) if len(marked) else float("nan")
+        return float(run.mean()), float(inputs.mean()) if len(marked) else None
 
     return [AfterPrevious(wave, len(g[True]), *means(g[True]), len(g[False]), *means(g[False]))
             for wave, g in groups.items()]
@@ -255,9 +256,12 @@ def after_previous_markdown(rows: list[AfterPrevious]) -> str:
              "staged)", "",
              "| wave | after its own opcode | run | inputs | after another | run | inputs |",
              "|---|---|---|---|---|---|---|"]
+    def us(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
     for r in rows:
-        lines.append(f"| {r.wave} | {r.same} | {r.same_run_us:.1f} | {r.same_inputs_us:.1f} | {r.other} | "
-                     f"{r.other_run_us:.1f} | {r.other_inputs_us:.1f} |")
+        lines.append(f"| {r.wave} | {r.same} | {us(r.same_run_us)} | {us(r.same_inputs_us)} | {r.other} | "
+                     f"{us(r.other_run_us)} | {us(r.other_inputs_us)} |")
     return "\n".join(lines) + "\n"
 
 
