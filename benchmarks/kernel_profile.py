@@ -114,20 +114,20 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     runtime.launch(traced)
     runtime.check(traced)
     step_us, rows = trace.summarize(sched, traced.trace)
-    # the middle MoE layers: the first and last layers of a step start or end it differently
-    middle = [i for i in range(2, dims.num_layers - 2) if not dims.dense[i]]
+    middle = trace.middle_moe_layers(dims)
     next_layer_us, timeline = trace.layer_timeline(sched, traced.trace, middle)
     spread, sm_ends = trace.layer_ends(sched, traced.trace, middle)
+    rec = traced.trace.cpu()
+    ran = trace.ran_tasks(sched, rec)  # a dead slot's skipped expert task has no record
     ops, waves = [int(t.op) for t in sched.tasks], [t.wave for t in sched.tasks]
-    previous = trace.after_previous(ops, waves, traced.trace, trace.ran_tasks(sched, traced.trace))
+    previous = trace.after_previous(ops, waves, rec, ran)
     chosen = runtime.routing_log(traced.workspace, dims, batch)
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
-    rec = traced.trace.cpu()
-    t0 = int(rec[trace.ran_tasks(sched, rec), 1].min())  # a dead slot's skipped expert task has no record
+    t0 = int(rec[ran, 1].min())
     # times after the step's first wait; -1 where a task left a field unmarked (or never ran)
-    times = torch.where(rec[:, 1:] > 0, rec[:, 1:] - t0, -1)
-    task_trace = {"sm": rec[:, 0].to(torch.int16), "times_ns": times.to(torch.int32),
+    trace_times = torch.where(rec[:, 1:] > 0, rec[:, 1:] - t0, -1)
+    task_trace = {"sm": rec[:, 0].to(torch.int16), "times_ns": trace_times.to(torch.int32),
                   "op": torch.tensor(ops, dtype=torch.int16),
                   "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16), "waves": waves}
     return {"batch": batch, "context": context, "schedule": schedule, "attn_splits": shape.attn_splits,

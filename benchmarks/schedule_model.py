@@ -34,12 +34,12 @@ def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[
                hop_us: float, gap_us: float) -> list[dict]:
     from benchmarks.kernel_profile import parse_schedule
     from vllm_megakernel import reference as ref
-    from vllm_megakernel.megakernel import timing
+    from vllm_megakernel.megakernel import timing, trace
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 
     dims = ref.ModelDims.from_config(config)
     moe_i, dense_i = config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0
-    middle = [i for i in range(2, dims.num_layers - 2) if not dims.dense[i]]
+    middle = trace.middle_moe_layers(dims)  # the layers kernel_profile's measured timeline reads
     rows = []
     for b in batches:
         measured = next((r for r in profile["results"] if r["batch"] == b and r.get("schedule", "default") == "default"

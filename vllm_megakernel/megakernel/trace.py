@@ -126,6 +126,12 @@ def _tasks_by_layer(schedule: Schedule, rec: torch.Tensor, layers) -> tuple[dict
     return by_layer, layers
 
 
+def middle_moe_layers(dims) -> list[int]:
+    """The MoE layers a layer's times are read over (layer_timeline, layer_ends; the timing model's period):
+    the first and last layers of a step start or end it differently."""
+    return [i for i in range(2, dims.num_layers - 2) if not dims.dense[i]]
+
+
 def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[float, list[LayerWave]]:
     """(median start of the next layer, per-wave rows in step order) for ``layers`` (each needs a next
     layer): every time is relative to the start of the layer's first task, and the median over the
@@ -252,13 +258,13 @@ def after_previous(ops: list[int], waves: list[str], records: torch.Tensor, ran:
 
 
 def after_previous_markdown(rows: list[AfterPrevious]) -> str:
+    def us(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
     lines = ["task run time by the opcode of the SM's previous task (us; inputs: until the activation rows were "
              "staged)", "",
              "| wave | after its own opcode | run | inputs | after another | run | inputs |",
              "|---|---|---|---|---|---|---|"]
-    def us(v: float | None) -> str:
-        return "-" if v is None else f"{v:.1f}"
-
     for r in rows:
         lines.append(f"| {r.wave} | {r.same} | {us(r.same_run_us)} | {us(r.same_inputs_us)} | {r.other} | "
                      f"{us(r.other_run_us)} | {us(r.other_inputs_us)} |")
