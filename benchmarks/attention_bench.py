@@ -174,6 +174,19 @@ def main(argv=None) -> None:
     if args.long_context:
         grid.append((1, args.long_context))
     cases, skipped = [], []
+    command = " ".join([Path(sys.executable).name, "-m", "benchmarks.attention_bench"] + sys.argv[1:])
+
+    def save() -> str:
+        """Results so far, written after every grid point: a run cut short by its time limit keeps them."""
+        results = {"command": command, "gpu": torch.cuda.get_device_name(), "bandwidth_bytes_per_s": bandwidth,
+                   "iters": args.iters, "reps": args.reps, "cases": cases, "skipped": skipped}
+        text = table(results)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+            (args.out / "table.md").write_text(text)
+        return text
+
     for b, c in grid:
         # two full-history caches, the new token's block included
         need = 2 * kv_bytes(b, c + ATTN_TILE, None, dims.num_kv_heads, dims.head_dim) / 1e9
@@ -181,16 +194,9 @@ def main(argv=None) -> None:
             skipped.append({"batch": b, "context": c, "reason": f"caches need {need:.0f} GB > --max-cache-gb"})
             continue
         cases += run_case(dims, weights, b, c, args.iters, args.reps, num_sms, args.seed)
+        save()
         print(f"batch {b} context {c}: done", flush=True)
-    results = {"command": " ".join([Path(sys.executable).name, "-m", "benchmarks.attention_bench"] + sys.argv[1:]),
-               "gpu": torch.cuda.get_device_name(), "bandwidth_bytes_per_s": bandwidth, "iters": args.iters,
-               "reps": args.reps, "cases": cases, "skipped": skipped}
-    text = table(results)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(results, indent=1))
-        (args.out / "table.md").write_text(text)
+    print(save())
 
 
 if __name__ == "__main__":

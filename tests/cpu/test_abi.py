@@ -55,6 +55,20 @@ def test_the_kernel_is_compiled_for_the_north_mini_code_config():
     assert "hidden=64 (the kernel is compiled for 2048)" in reasons and len(reasons) == 8
 
 
+def test_a_model_without_dense_layers_fits_whatever_its_dense_width():
+    """The dense FFN width is checked only where a dense layer uses it: attention_bench's MoE-only model
+    (whose weights carry no dense width, 0) fits, a model with a dense layer of another width does not."""
+    from benchmarks import attention_bench
+
+    config = json.loads((FULL_CONFIG / "config.json").read_text())
+    dims = ref.ModelDims.from_config(config)
+    moe_only = attention_bench.attention_dims(dims)
+    assert not any(moe_only.dense)
+    assert layout.model_mismatches(moe_only, config["intermediate_size"], 0) == []
+    assert layout.model_mismatches(dims, config["intermediate_size"], 0) == [
+        f"dense_intermediate=0 (the kernel is compiled for {config['prefix_dense_intermediate_size']})"]
+
+
 def test_every_stage_is_one_bulk_copy_of_whole_rows():
     for name, rows in layout.compiled_stage_rows().items():
         k = {"qkv": 2048, "o": 4096, "router": 2048, "dense_up": 2048, "dense_down": 3072, "moe_up": 2048,
