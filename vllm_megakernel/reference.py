@@ -368,15 +368,17 @@ def _fmix32(h: int) -> int:
     return h ^ (h >> 16)
 
 
-def uniform_draw(layer: int, position: int, j: int, num_experts: int) -> int:
-    """The j-th uniform draw of a row at ``position`` on ``layer`` (csrc/ops/router.cuh: uniform_draw)."""
-    x = ((layer * 0x9E3779B1) ^ ((position & 0xFFFFFFFF) * 0x85EBCA77) ^ (j * 0xC2B2AE3D)) & 0xFFFFFFFF
+def uniform_draw(layer: int, position: int, row: int, j: int, num_experts: int) -> int:
+    """The j-th uniform draw of batch row ``row`` at ``position`` on ``layer`` (csrc/ops/router.cuh:
+    uniform_draw). The row is part of the key: rows at one position (equal prompts) draw apart."""
+    x = ((layer * 0x9E3779B1) ^ ((position & 0xFFFFFFFF) * 0x85EBCA77) ^ (j * 0xC2B2AE3D)
+         ^ (row * 0x27D4EB2F)) & 0xFFFFFFFF
     return _fmix32(x) % num_experts
 
 
 def uniform_experts(layer: int, positions: torch.Tensor, top_k: int, num_experts: int) -> torch.Tensor:
     """Experts [B, K] drawn uniformly at random for simulated routing: the first ``top_k`` distinct values
-    of the draws j = 0, 1, ... (a hash of layer, the row's position and j), so that the kernel, the
+    of the draws j = 0, 1, ... (a hash of layer, the row's position, the row and j), so that the kernel, the
     simulator and this reference draw the same ones and every step draws new ones. Distinct like a real
     top-k, so an expert's rows never outnumber the batch. vLLM's ``uniform_random`` simulation draws with
     torch.randint, repeats allowed, so its stock side reads slightly fewer distinct experts per layer than
@@ -386,7 +388,7 @@ def uniform_experts(layer: int, positions: torch.Tensor, top_k: int, num_experts
         chosen: list[int] = []
         j = 0
         while len(chosen) < top_k:
-            e = uniform_draw(layer, pos, j, num_experts)
+            e = uniform_draw(layer, pos, b, j, num_experts)
             if e not in chosen:
                 chosen.append(e)
             j += 1

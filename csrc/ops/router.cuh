@@ -55,9 +55,12 @@ __device__ __forceinline__ uint32_t fmix32(uint32_t h) {
   return h ^ (h >> 16);
 }
 
-// reference.uniform_draw: the j-th uniform draw of a row at `position` on `layer`.
-__device__ __forceinline__ int uniform_draw(int layer, long long position, int j) {
-  const uint32_t x = (uint32_t)layer * 0x9E3779B1u ^ (uint32_t)position * 0x85EBCA77u ^ (uint32_t)j * 0xC2B2AE3Du;
+// reference.uniform_draw: the j-th uniform draw of batch row `row` at `position` on `layer`. The row is in
+// the key because the rows of one batch are often at the same position (a sweep's equal prompts): keyed on
+// the position alone they would all draw the same experts.
+__device__ __forceinline__ int uniform_draw(int layer, long long position, int row, int j) {
+  const uint32_t x = (uint32_t)layer * 0x9E3779B1u ^ (uint32_t)position * 0x85EBCA77u ^
+                     (uint32_t)j * 0xC2B2AE3Du ^ (uint32_t)row * 0x27D4EB2Fu;
   return (int)(fmix32(x) % (uint32_t)abi::kNumExperts);
 }
 
@@ -87,7 +90,7 @@ struct RouterTopkOp {
       const long long position = c.st.ptr<const long long>(abi::S_POSITIONS)[r];
       int* row = sh.chosen + r * K;
       for (int j0 = 0, found = 0; found < K; j0 += 32) {
-        const int e = uniform_draw(layer, position, j0 + c.lane);
+        const int e = uniform_draw(layer, position, r, j0 + c.lane);
         bool fresh = (__match_any_sync(0xffffffffu, e) & ((1u << c.lane) - 1)) == 0;
         for (int q = 0; q < found; ++q) fresh &= row[q] != e;
         const unsigned taken = __ballot_sync(0xffffffffu, fresh);

@@ -484,11 +484,22 @@ def test_uniform_experts_are_uniform_distinct_and_new_every_step():
     assert chi2 < 200  # 127 degrees of freedom: mean 127, sd ~16
     assert all(len(set(row.tolist())) == K for row in draws)
     # the first K distinct draws: the rows whose first K draws repeated took later ones
-    firsts = torch.tensor([[ref.uniform_draw(3, p, j, E) for j in range(K)] for p in range(4096)])
+    firsts = torch.tensor([[ref.uniform_draw(3, p, p, j, E) for j in range(K)] for p in range(4096)])
     assert (firsts != draws).any(dim=1).sum() > 100  # ~20% of rows repeat within 8 draws of 128
     assert bool(((firsts == draws) | (firsts != draws).cumsum(1).bool()).all())  # a row agrees up to its first repeat
     assert (ref.uniform_experts(3, pos + 1, K, E) != draws).float().mean() > 0.9
     assert (ref.uniform_experts(4, pos, K, E) != draws).float().mean() > 0.9
+
+
+def test_uniform_experts_of_rows_at_one_position_are_independent():
+    """A sweep's batch has equal prompts, so every row is at the same position: its rows must still draw
+    apart, as vLLM's torch.randint does per token (keyed on the position alone, 8 rows drew the same 8
+    experts, and the megakernel side read a batch-1 share of expert bytes at batch 8)."""
+    E, K, B = 128, 8, 8
+    distinct = [len(set(ref.uniform_experts(layer, torch.full((B,), 8192), K, E).flatten().tolist()))
+                for layer in range(48)]
+    expected = E * (1 - (1 - K / E) ** B)  # 51.6 distinct experts of 128 for 8 rows of 8 distinct
+    assert abs(sum(distinct) / len(distinct) - expected) < 2.0
 
 
 @pytest.mark.parametrize("batch", [1, 5])
