@@ -145,6 +145,27 @@ def test_table_says_plainly_when_the_megakernel_side_fell_back(config):
     assert fell_back.startswith("**The megakernel side ran stock vLLM** (vllm_megakernel: decode runs on stock")
 
 
+def test_a_rate_above_the_speed_of_light_is_flagged_as_invalid(config):
+    """A side that ran faster than its bytes allow skipped work or was timed wrong (a sweep's rows that drew
+    the same experts; a run cut short): the table says so under the row instead of letting it pass."""
+    result = recorded(config)
+    sol = {(r["batch"], r["context"]): r["sol_tok_s"] for r in report.summarize(result)}
+
+    def at(share):  # per-request rates at this share of the row's speed of light
+        return lambda c: [share * sol[c["batch"], c["context"]] / c["batch"]] * 3
+
+    for c in result["cases"]:
+        if c["status"] == "ok":
+            c["per_request_tok_s"] = at(0.5)(c)
+    assert "Above the speed of light" not in report.markdown(result)
+    for c in result["cases"]:
+        if c["side"] == "megakernel" and c["batch"] == 8 and c["context"] == 8192:
+            c["per_request_tok_s"] = at(1.5)(c)
+    table = report.markdown(result)
+    assert "**Above the speed of light, not a valid figure:** megakernel at batch 8, 8K ran at 150%" in table
+    assert "stock at batch 8" not in table
+
+
 def test_a_stock_only_baseline_says_so_and_plots_no_speedup(config, tmp_path):
     result = recorded(config)
     result["cases"] = [c for c in result["cases"] if c["side"] == "stock"]
@@ -641,10 +662,12 @@ def test_served_waits_for_health_and_stops_the_server(tmp_path):
             pass
 
 
-RECORDED = sorted((REPO / "benchmarks" / "results").glob("*/results.json"))
+RECORDED = sorted(p for p in (REPO / "benchmarks" / "results").rglob("results.json")
+                  if "sides" in json.loads(p.read_text()))  # decode sweeps, also in a session folder's subfolders
 
 
-@pytest.mark.parametrize("results", RECORDED, ids=[p.parent.name for p in RECORDED])
+@pytest.mark.parametrize("results", RECORDED, ids=[str(p.parent.relative_to(REPO / "benchmarks" / "results"))
+                                                   for p in RECORDED])
 def test_committed_results_regenerate_their_table(results, tmp_path):
     """Every committed sweep's table.md is what the report code makes of its results.json, so a committed
     table cannot drift from its data (or from the report code) unnoticed."""
@@ -654,7 +677,8 @@ def test_committed_results_regenerate_their_table(results, tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.name for p in results.parent.glob("*.png"))
 
 
-@pytest.mark.parametrize("results", RECORDED, ids=[p.parent.name for p in RECORDED])
+@pytest.mark.parametrize("results", RECORDED, ids=[str(p.parent.relative_to(REPO / "benchmarks" / "results"))
+                                                   for p in RECORDED])
 def test_every_committed_measured_case_fit_the_kv_cache(results):
     """A case shown as measured had its whole batch resident in its engine's KV cache, counted per vLLM
     KV-cache group (benchmarks.kv_fit). Runs from before kv_fit recorded blocks x block size as
