@@ -1,19 +1,20 @@
 """Schedules compared on the CPU with megakernel.timing's model, before any GPU time is spent on them.
 
     python -m benchmarks.schedule_model --model configs/north-mini-code \
-        --profile benchmarks/results/h200-2026-12-01-v2-warpgroup-registers/ab/wgr-2/profile.json \
+        --profile benchmarks/results/h200-2026-12-02-v2-routing-chain-attention-bench/confirm-1/profile.json \
         --batch-sizes 1,2 --schedules "default;order=combine_before_experts"
 
-Per batch size: the task run time of every wave is taken from the profile's default-schedule row for that
-batch (a traced launch on the GPU); each schedule (kernel_profile's --schedules syntax) is built for the
-full machine and run through the model; the table gives the modelled MoE-layer period (median over the
-middle MoE layers, as kernel_profile's timeline), its change against the modelled default, and the period
-the profile measured for the default. Expert slots in use: the profile's mean distinct experts per layer,
-rounded, on every MoE layer. The model knows dependencies, placement and claims and nothing of
-bandwidth (see megakernel.timing): trust it for where tasks wait on one another, not for bytes in flight.
+Per batch size: the task run time of every wave is taken from the profile's row for that batch that ran the
+tasks today's default builds (its default then, or a row of size choices only that build them; a traced launch
+on the GPU); each schedule (kernel_profile's --schedules syntax) is built for the full machine and run through
+the model; the table gives the modelled MoE-layer period (median over the middle MoE layers, as
+kernel_profile's timeline), its change against the modelled default, and the period the profile measured for
+that row. Expert slots in use: the profile's mean distinct experts per layer, rounded, on every MoE layer. The
+model knows dependencies, placement and claims and nothing of bandwidth (see megakernel.timing): trust it for
+where tasks wait on one another, not for bytes in flight.
 Schedules that change task sizes (tiles, splits, heads per combine, the norm's form) are refused: the
-profile's durations are for its own sizes, and so is a profile whose default is not this one's (another SM
-count, other defaults since). Against the measured layers of wgr-2 (h200-2026-12-01-v2-warpgroup-registers)
+profile's durations are for its own sizes, and so is a profile with no row of today's default tasks (another
+SM count, other defaults since). Against the measured layers of wgr-2 (h200-2026-12-01-v2-warpgroup-registers)
 the modelled default is 7% short at batch 1 and 2, 1% short at 4 and 4% long at 8 (PERF_LOG #48).
 """
 
@@ -42,18 +43,19 @@ def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[
     middle = trace.middle_moe_layers(dims)  # the layers kernel_profile's measured timeline reads
     rows = []
     for b in batches:
-        measured = next((r for r in profile["results"] if r["batch"] == b and r.get("schedule", "default") == "default"
-                         and not r.get("placement")), None)
-        if measured is None:
-            raise ValueError(f"the profile has no default-schedule row at batch {b}")
-        durations = timing.durations_from_profile(measured)
-        # the durations are for the profile's own task sizes: the default here must build the same tasks
+        # the durations are for the profile's own task sizes: the row must have measured the tasks that
+        # today's default builds (its "default" then, or a row whose choices are today's default sizes)
         own = build_schedule(dims, StepShape(batch=b, num_sms=num_sms), moe_i, dense_i)
-        theirs = (measured.get("attn_splits"), measured.get("tiles"), measured.get("tasks"))
-        if (own.shape.attn_splits, dataclasses.asdict(own.tiles), len(own.tasks)) != theirs:
-            raise ValueError(f"batch {b}: the default schedule here ({own.shape.attn_splits} splits, "
-                             f"{len(own.tasks)} tasks on {num_sms} SMs) is not the profile's ({theirs[0]} splits, "
-                             f"{theirs[2]} tasks): its durations would not fit")
+        mine = (own.shape.attn_splits, dataclasses.asdict(own.tiles), len(own.tasks))
+        candidates = [r for r in profile["results"] if r["batch"] == b and not r.get("placement")]
+        measured = next((r for r in candidates
+                         if (r.get("attn_splits"), r.get("tiles"), r.get("tasks")) == mine
+                         and set(parse_schedule(r.get("schedule", "default"))) <= SIZE_CHOICES), None)
+        if measured is None:
+            raise ValueError(f"batch {b}: no row of the profile ran the tasks of the default schedule here "
+                             f"({own.shape.attn_splits} splits, {len(own.tasks)} tasks on {num_sms} SMs): "
+                             "its durations would not fit")
+        durations = timing.durations_from_profile(measured)
         live = min(own.num_slots, round(measured["distinct_experts"]))  # the routing's mean slots in use
         base = None
         for s in schedules:

@@ -285,11 +285,13 @@ def test_full_model_schedule_at_batch_1_is_consistent():
     assert enc.shape[0] == 132 and enc.shape[2] == 32
     assert int((enc[:, :, 0] != 0).sum()) == len(s.tasks)
     per_layer = sum(1 for t in s.tasks if t.layer == 5)
-    # router 128/32 + qkv 5120/40 (together one task per SM) + top-k 1 + attention 128 splits + up 8 experts
-    # * 768/32 + down 8 * 2048/128 + combine 32 heads + o 2048/16 + moe combine 2048/128
+    # router 128/8 + qkv 5120/64 (together 96 tasks, each on an SM of its own, PERF_LOG #51) + top-k 1 +
+    # attention 128 splits + up 8 experts * 768/32 + down 8 * 2048/128 + combine 32 heads + o 2048/16 + moe
+    # combine 2048/128
     assert s.shape.attn_splits == 128 and s.combine_heads == 1
-    assert per_layer == 4 + 128 + 1 + 128 + 8 * 24 + 8 * 16 + 32 + 128 + 16
-    assert sum(1 for t in s.tasks if t.layer == 5 and t.wave in ("router", "qkv")) == 132
+    assert per_layer == 16 + 80 + 1 + 128 + 8 * 24 + 8 * 16 + 32 + 128 + 16
+    head = [t for t in s.tasks if t.layer == 5 and t.wave in ("router", "qkv")]
+    assert len(head) == 96 and len({t.sm for t in head}) == 96
     # one task per stage-aligned row run: the tiles are whole stages of the compiled row lengths
     for name, rows in layout.compiled_stage_rows().items():
         assert rows in (4, 8, 16), name

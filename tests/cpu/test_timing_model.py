@@ -81,10 +81,20 @@ def test_schedule_model_table_compares_schedules_on_a_profiles_durations(dims):
         schedule_model.model_rows(config, profile, [2], ["default", "moe_up_cols=16"], num_sms=6, hop_us=1.0,
                                   gap_us=0.3)
     other = {"results": [dict(profile["results"][0], tasks=len(sched.tasks) + 1)]}  # another kernel's task list
-    with pytest.raises(ValueError, match="not the profile's"):
+    with pytest.raises(ValueError, match="batch 2: no row of the profile ran the tasks"):
         schedule_model.model_rows(config, other, [2], schedules, num_sms=6, hop_us=1.0, gap_us=0.3)
-    with pytest.raises(ValueError, match="no default-schedule row at batch 4"):
+    with pytest.raises(ValueError, match="batch 4: no row of the profile ran the tasks"):
         schedule_model.model_rows(config, profile, [4], schedules, num_sms=6, hop_us=1.0, gap_us=0.3)
+    # a row that measured today's default sizes under their names (a default changed since) stands for the
+    # default; a row of the same tasks in another order does not
+    named = dict(profile["results"][0], schedule=f"moe_up_cols={sched.tiles.moe_up_cols}")
+    reordered = dict(profile["results"][0], schedule="order=combine_before_experts", timeline={"next_layer_us": 99.0})
+    rows = schedule_model.model_rows(config, {"results": [reordered, named]}, [2], schedules, num_sms=6, hop_us=1.0,
+                                     gap_us=0.3)
+    assert rows[0]["measured_default_layer_us"] == 12.5
+    with pytest.raises(ValueError, match="no row of the profile ran the tasks"):
+        schedule_model.model_rows(config, {"results": [reordered]}, [2], schedules, num_sms=6, hop_us=1.0,
+                                  gap_us=0.3)
 
 
 @pytest.mark.parametrize("claims", [True, False])

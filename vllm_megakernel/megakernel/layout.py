@@ -119,12 +119,17 @@ def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
         return _pick(total, rs, target, cap, what, divides=not uneven)
 
     down_rows, down_cut = moe_down_default(batch)
+    # Batch 1's layer waits on its routing chain (router, top-k, then up/gate): 80 QKV tasks of 64 rows leave
+    # 52 SMs free at the head of the layer, and 16 router tasks of 8 rows there end the chain ~2-3 us sooner
+    # than 4 of 32 behind 128 QKV tasks (PERF_LOG #50-#51: the step -18.4 / -3.7 / -9.0% in three processes;
+    # either change alone within the spread). At batch 2 the pair measured -2.0 / +0.8 / -1.9%, at 4 and 8
+    # +0.6 / +0.2%: those keep 40-row QKV tasks and 4 router tasks, one task per SM at the head of each layer
+    # (16 router tasks behind 128 QKV tasks put two on 12 SMs: +5% at batch 1, +2% at 8, PERF_LOG #12).
+    chain_first = batch == 1
     return GemmTiles(
-        qkv_rows=tile(qkv_total, h, 64 if big else 40, "qkv_rows"),
+        qkv_rows=tile(qkv_total, h, 64 if big or chain_first else 40, "qkv_rows"),
         o_rows=tile(h, q, 16, "o_rows"),
-        # 4 router tasks at 128 experts: with 128 qkv tasks, one task per SM at the head of each layer
-        # (16 router tasks put two on 12 SMs): -5% at batch 1, -2% at batch 8 (PERF_LOG #12)
-        router_rows=tile(dims.num_experts, h, 32, "router_rows"),
+        router_rows=tile(dims.num_experts, h, 8 if chain_first else 32, "router_rows"),
         dense_up_cols=tile(dense_intermediate, h, 32 if big else 16, "dense_up_cols", pair=True)
         if dense_intermediate else 0,
         dense_down_rows=tile(h, dense_intermediate, 16, "dense_down_rows") if dense_intermediate else 0,
