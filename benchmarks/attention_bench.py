@@ -47,6 +47,33 @@ def attention_dims(dims):
     return dataclasses.replace(dims, num_layers=2, sliding=(True, False), rope=(True, False), dense=(False, False))
 
 
+def task_breakdown(schedule, records) -> dict:
+    """Where a traced attention launch spent its time: the median run of a partial task, the partial work of
+    the busiest SM (more than one task's worth when there are more partial tasks than SMs: the wave then
+    lasts two task times) and the median run of a combine task, in us."""
+    import statistics
+
+    import torch
+
+    from vllm_megakernel.megakernel import abi
+
+    col = {name: i for i, name in enumerate(abi.TRACE_FIELDS)}
+    rec = records.detach().to("cpu", torch.int64)
+    run = {"attn_partial": [], "attn_combine": []}
+    per_sm: dict[int, float] = {}
+    for t in schedule.tasks:
+        r = rec[t.index]
+        if t.wave not in run or int(r[col["end_ns"]]) <= 0:
+            continue
+        us = (int(r[col["end_ns"]]) - int(r[col["run_start_ns"]])) / 1e3
+        run[t.wave].append(us)
+        if t.wave == "attn_partial":
+            per_sm[int(r[col["sm"]])] = per_sm.get(int(r[col["sm"]]), 0.0) + us
+    return {"partial_task_us": statistics.median(run["attn_partial"]),
+            "busiest_sm_partial_us": max(per_sm.values()),
+            "combine_task_us": statistics.median(run["attn_combine"]) if run["attn_combine"] else 0.0}
+
+
 def run_case(dims, weights, batch: int, context: int, iters: int, reps: int, num_sms: int, seed: int) -> list[dict]:
     import torch
 
@@ -114,7 +141,7 @@ def run_case(dims, weights, batch: int, context: int, iters: int, reps: int, num
         out.append({"batch": batch, "context": context, "layer": kind, "window": window,
                     "attn_splits": shape.attn_splits, "tasks": len(sched.tasks),
                     "kv_bytes": kv_bytes(batch, context, window, hkv, d), "fa3_us": fa_us, "megakernel_us": mk_us,
-                    "megakernel_span_us": span_us, "min_cosine": cos})
+                    "megakernel_span_us": span_us, "min_cosine": cos, **task_breakdown(sched, rec)})
         del step, traced
     del sim, inp
     torch.cuda.empty_cache()
@@ -125,10 +152,12 @@ def table(results: dict) -> str:
     bw = results["bandwidth_bytes_per_s"]
     lines = [f"HBM copy bandwidth measured in this run: {bw / 1e12:.2f} TB/s. Times per call (CUDA graph of "
              f"{results['reps']} calls, median of {results['iters']} replays); megakernel span: first task start to "
-             "last task end inside its launch (traced).", "",
+             "last task end inside its launch (traced); from the same traced launch, the median partial and combine "
+             "task and the busiest SM's partial tasks together.", "",
              "| batch | context | layer | MB K/V | FA3 us | FA3 % copy | megakernel us | megakernel % copy | "
-             "megakernel span us | megakernel / FA3 | outputs (min cosine) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "megakernel span us | megakernel / FA3 | outputs (min cosine) | partial task us | busiest SM's "
+             "partials us | combine task us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in results["cases"]:
         mb = c["kv_bytes"] / 1e6
 
@@ -138,7 +167,9 @@ def table(results: dict) -> str:
         agree = f"{c['min_cosine']:.5f}" if c["min_cosine"] >= 0.999 else f"DISAGREE {c['min_cosine']:.4f}"
         lines.append(f"| {c['batch']} | {c['context']} | {c['layer']} | {mb:.1f} | {c['fa3_us']:.1f} | "
                      f"{pct(c['fa3_us'])} | {c['megakernel_us']:.1f} | {pct(c['megakernel_us'])} | "
-                     f"{c['megakernel_span_us']:.1f} | {c['megakernel_us'] / c['fa3_us']:.2f}x | {agree} |")
+                     f"{c['megakernel_span_us']:.1f} | {c['megakernel_us'] / c['fa3_us']:.2f}x | {agree} | "
+                     + " | ".join(f"{c[k]:.1f}" if k in c else "-"  # not recorded before session J's fix
+                                  for k in ("partial_task_us", "busiest_sm_partial_us", "combine_task_us")) + " |")
     return "\n".join(lines) + "\n"
 
 

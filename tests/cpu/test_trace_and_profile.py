@@ -323,8 +323,36 @@ def test_attention_bench_counts_visible_kv_bytes_and_flags_disagreeing_outputs()
             "kv_bytes": 16.8e6, "fa3_us": 5.0, "megakernel_us": 10.0, "megakernel_span_us": 7.0, "min_cosine": 0.9999}
     bad = dict(case, layer="sliding", min_cosine=0.5)
     text = ab.table({"bandwidth_bytes_per_s": 4.2e12, "reps": 10, "iters": 20, "cases": [case, bad]})
-    assert "| 1 | 8192 | full | 16.8 | 5.0 | 80% | 10.0 | 40% | 7.0 | 2.00x | 0.99990 |" in text
+    assert "| 1 | 8192 | full | 16.8 | 5.0 | 80% | 10.0 | 40% | 7.0 | 2.00x | 0.99990 | - | - | - |" in text
     assert "DISAGREE 0.5000" in text
+    traced = dict(case, partial_task_us=3.0, busiest_sm_partial_us=6.0, combine_task_us=1.5)
+    assert "| 2.00x | 0.99990 | 3.0 | 6.0 | 1.5 |" in ab.table({"bandwidth_bytes_per_s": 4.2e12, "reps": 10,
+                                                           "iters": 20, "cases": [traced]})
+
+
+def test_attention_breakdown_finds_the_sm_that_ran_two_partial_tasks():
+    """attention_bench's task_breakdown over a traced launch: with more partial tasks than SMs one SM runs two
+    in a row, and its sum, not the median task, is what the wave waits for."""
+    from benchmarks import attention_bench as ab
+    from vllm_megakernel.megakernel import abi
+    from vllm_megakernel.megakernel.schedule import StepShape, attention_schedule
+
+    dims = ab.attention_dims(ref.ModelDims.from_config(REPO / "configs" / "north-mini-code"))
+    sched = attention_schedule(dims, StepShape(batch=8, num_sms=4, attn_splits=1), 1, 768, 0)
+    col = {name: i for i, name in enumerate(abi.TRACE_FIELDS)}
+    rec = torch.zeros(len(sched.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64)
+    partials = [t for t in sched.tasks if t.wave == "attn_partial"]
+    combines = [t for t in sched.tasks if t.wave == "attn_combine"]
+    assert len(partials) == 8 and combines
+    for i, t in enumerate(partials):  # SM 0 runs two 5 us tasks, the rest one of 4 us
+        sm = 0 if i < 2 else i - 1
+        start = 10_000 if i == 1 else 0
+        rec[t.index, col["sm"]], rec[t.index, col["run_start_ns"]] = sm, start
+        rec[t.index, col["end_ns"]] = start + (5_000 if sm == 0 else 4_000)
+    for t in combines:
+        rec[t.index, col["run_start_ns"]], rec[t.index, col["end_ns"]] = 20_000, 21_500
+    got = ab.task_breakdown(sched, rec)
+    assert got == {"partial_task_us": 4.0, "busiest_sm_partial_us": 10.0, "combine_task_us": 1.5}
 
 
 def test_candidate_kernel_patches_still_apply_to_the_tree():
