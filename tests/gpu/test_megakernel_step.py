@@ -133,11 +133,12 @@ def test_expert_tasks_where_they_were_dealt_match_reference(wide):
     print(f"batch 8, tiles as dealt: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
-@pytest.mark.parametrize("batch, lengths", [(1, [700]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])
+@pytest.mark.parametrize("batch, lengths", [(1, [700]), (8, [8192, 17, 4097, 2000, 1, 6000, 12]),
+                                           (4, [500, 500, 500, 500])])
 def test_uniform_routing_draws_the_references_experts_with_weight_one(wide, batch, lengths):
     """The step table's uniform_routing (vLLM's uniform_random routing simulation): every live row's experts
-    are reference.uniform_experts of its position, on every MoE layer, and the step matches the reference
-    step that routes the same way."""
+    are reference.uniform_experts of its position and row, on every MoE layer, and the step matches the
+    reference step that routes the same way. Rows at one position (a sweep's equal prompts) draw apart."""
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
@@ -160,6 +161,8 @@ def test_uniform_routing_draws_the_references_experts_with_weight_one(wide, batc
         if not dims.dense[layer]:
             want = ref.uniform_experts(layer, inp.positions.cpu(), dims.top_k, dims.num_experts)
             assert torch.equal(chosen[layer][live.cpu()].long().cpu(), want[live.cpu()]), f"layer {layer}"
+            if len(set(lengths)) == 1 and batch > 1:
+                assert len(set(chosen[layer].flatten().tolist())) > dims.top_k, f"layer {layer}: rows drew alike"
     expected = ref.decode_step(dims, w, inp, uniform_routing=True)
     cos, err = compare(got, expected, live)
     print(f"uniform routing, batch {batch}: min cosine {cos:.6f}, max rel err {err:.4f}")
