@@ -8,7 +8,7 @@
 // gets a slot in ascending expert order, with its (token * K + k) rows in ascending order; slots past
 // num_active stay empty and the producers skip those slots' expert tasks. Padding rows (seq_len 0) are
 // not routed. With the step's uniform_routing set, a row's experts are the first K distinct values of the
-// draws j = 0, 1, ... (a hash of layer, the row's position and j, modulo the expert count), with weight 1
+// draws j = 0, 1, ... (a hash of layer, the row's position, the row and j, modulo the expert count), with weight 1
 // (reference.uniform_experts, which says how this relates to vLLM's uniform_random routing simulation).
 // Distinct like a real top-k: an expert's rows never outnumber the batch, which the route buffer's
 // per-slot row lists and the GEMMs' register tiles rely on.

@@ -95,6 +95,11 @@ def test_schedule_model_table_compares_schedules_on_a_profiles_durations(dims):
     with pytest.raises(ValueError, match="no row of the profile ran the tasks"):
         schedule_model.model_rows(config, {"results": [reordered]}, [2], schedules, num_sms=6, hop_us=1.0,
                                   gap_us=0.3)
+    # longer attention splits build as many tasks and time differently: such a row is not the default's
+    longer = dict(profile["results"][0], schedule="attn_min_tiles=16", timeline={"next_layer_us": 99.0})
+    rows = schedule_model.model_rows(config, {"results": [longer, named]}, [2], schedules, num_sms=6, hop_us=1.0,
+                                     gap_us=0.3)
+    assert rows[0]["measured_default_layer_us"] == 12.5
 
 
 @pytest.mark.parametrize("claims", [True, False])

@@ -332,7 +332,8 @@ def test_attention_bench_counts_visible_kv_bytes_and_flags_disagreeing_outputs()
 
 def test_attention_breakdown_finds_the_sm_that_ran_two_partial_tasks():
     """attention_bench's task_breakdown over a traced launch: with more partial tasks than SMs one SM runs two
-    in a row, and its sum, not the median task, is what the wave waits for."""
+    in a row, and its sum, not the median task, is what the wave waits for; a split with no keys (it returns
+    before marking its inputs) counts in neither."""
     from benchmarks import attention_bench as ab
     from vllm_megakernel.megakernel import abi
     from vllm_megakernel.megakernel.schedule import StepShape, attention_schedule
@@ -344,11 +345,15 @@ def test_attention_breakdown_finds_the_sm_that_ran_two_partial_tasks():
     partials = [t for t in sched.tasks if t.wave == "attn_partial"]
     combines = [t for t in sched.tasks if t.wave == "attn_combine"]
     assert len(partials) == 8 and combines
-    for i, t in enumerate(partials):  # SM 0 runs two 5 us tasks, the rest one of 4 us
+    for i, t in enumerate(partials):  # SM 0 runs two 5 us tasks, the rest one of 4 us; the last has no keys
         sm = 0 if i < 2 else i - 1
         start = 10_000 if i == 1 else 0
         rec[t.index, col["sm"]], rec[t.index, col["run_start_ns"]] = sm, start
         rec[t.index, col["end_ns"]] = start + (5_000 if sm == 0 else 4_000)
+        rec[t.index, col["inputs_ns"]] = start + 500
+    empty = partials[-1].index  # returns at once, unmarked, on the busiest SM
+    rec[empty, col["sm"]], rec[empty, col["end_ns"]], rec[empty, col["inputs_ns"]] = 0, 20_300, 0
+    rec[empty, col["run_start_ns"]] = 20_000
     for t in combines:
         rec[t.index, col["run_start_ns"]], rec[t.index, col["end_ns"]] = 20_000, 21_500
     got = ab.task_breakdown(sched, rec)
