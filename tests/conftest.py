@@ -1,4 +1,5 @@
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = REPO / "configs" / "north-mini-code-tiny"
 FULL_CONFIG = REPO / "configs" / "north-mini-code"
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def committed_results(name: str, keep: Callable[[str], bool]) -> list[Path]:
+    """The committed result files called ``name`` (a session folder's subfolders included) whose text ``keep``
+    accepts, in path order: the tests that regenerate a committed table from its data run over these."""
+    return sorted(p for p in RESULTS.rglob(name) if keep(p.read_text()))
+
+
+def result_id(path: Path) -> str:
+    """A committed result file's test id: its folder under benchmarks/results."""
+    return str(path.parent.relative_to(RESULTS))
 
 # vLLM reads these at import; keep test runs quiet, offline and off the V2 runner.
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FULL_CONFIG, REPO
+from conftest import FULL_CONFIG, REPO, committed_results, result_id
 from benchmarks import report
 from benchmarks.kv_fit import (KVGroup, blocks_needed, case_blocks_needed, kv_groups, layer_specs,
                                mark_cases_that_do_not_fit, usable_blocks)
@@ -662,12 +662,10 @@ def test_served_waits_for_health_and_stops_the_server(tmp_path):
             pass
 
 
-RECORDED = sorted(p for p in (REPO / "benchmarks" / "results").rglob("results.json")
-                  if "sides" in json.loads(p.read_text()))  # decode sweeps, also in a session folder's subfolders
+RECORDED = committed_results("results.json", lambda text: "sides" in json.loads(text))  # the decode sweeps
 
 
-@pytest.mark.parametrize("results", RECORDED, ids=[str(p.parent.relative_to(REPO / "benchmarks" / "results"))
-                                                   for p in RECORDED])
+@pytest.mark.parametrize("results", RECORDED, ids=[result_id(p) for p in RECORDED])
 def test_committed_results_regenerate_their_table(results, tmp_path):
     """Every committed sweep's table.md is what the report code makes of its results.json, so a committed
     table cannot drift from its data (or from the report code) unnoticed."""
@@ -677,8 +675,7 @@ def test_committed_results_regenerate_their_table(results, tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.name for p in results.parent.glob("*.png"))
 
 
-@pytest.mark.parametrize("results", RECORDED, ids=[str(p.parent.relative_to(REPO / "benchmarks" / "results"))
-                                                   for p in RECORDED])
+@pytest.mark.parametrize("results", RECORDED, ids=[result_id(p) for p in RECORDED])
 def test_every_committed_measured_case_fit_the_kv_cache(results):
     """A case shown as measured had its whole batch resident in its engine's KV cache, counted per vLLM
     KV-cache group (benchmarks.kv_fit). Runs from before kv_fit recorded blocks x block size as

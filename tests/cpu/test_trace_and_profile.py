@@ -7,7 +7,7 @@ import dataclasses
 import torch
 import pytest
 
-from conftest import REPO, TINY_CONFIG
+from conftest import REPO, TINY_CONFIG, committed_results, result_id
 from vllm_megakernel import reference as ref
 from vllm_megakernel.megakernel import abi, trace
 from vllm_megakernel.megakernel.abi import Op
@@ -292,12 +292,10 @@ def test_layout_only_history_matches_the_filled_one_and_leaves_the_cache_alone(d
 
 
 # Profiles in the current report format (v1's, h200-2026-11-30-kernel-profile, predates --schedules).
-PROFILES = [p for p in sorted((REPO / "benchmarks" / "results").rglob("profile.json"))
-            if '"schedule"' in p.read_text()]
+PROFILES = committed_results("profile.json", lambda text: '"schedule"' in text)
 
 
-@pytest.mark.parametrize("profile", PROFILES, ids=[str(p.parent.relative_to(REPO / "benchmarks" / "results"))
-                                                    for p in PROFILES])
+@pytest.mark.parametrize("profile", PROFILES, ids=[result_id(p) for p in PROFILES])
 def test_committed_kernel_profile_reports_are_what_the_tool_writes_from_their_figures(profile):
     import json
 
