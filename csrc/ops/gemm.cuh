@@ -15,9 +15,8 @@
 // both come from the same columns.
 //
 // Batches of at most 16 rows keep the activation slice in registers for the whole task; larger ones reload
-// each 16-row group's slice from L2 for every stage and add up the warps after every stage (correct; GEMMs
-// at such batches are not bandwidth bound on the weights alone). layout.gemm_tiles sizes tasks so that
-// either form fits abi::kPartialFloats.
+// each 16-row group's slice from L2 once per few stages held together and add up the warps after them
+// (gemm_stages_grouped). layout.gemm_tiles sizes tasks so that either form fits abi::kPartialFloats.
 #pragma once
 
 #include "../task.cuh"
@@ -144,28 +143,49 @@ __device__ bool gemm_stages(Consumer& c, const ActTile<K, MH>& a, int nstages, f
   return true;
 }
 
-// More than 16 rows: every stage against each 16-row group, reloaded from L2; each stage's partial sums
-// (part + R * bp, [warp][RS][bp]) are added into the task's sums (part, [R][bp]) before the next stage.
+// More than 16 rows: the activation rows do not fit registers, so each 16-row group's slice is reloaded
+// from L2 and run against several stages held at once (G of them, as many as the ring and the partial
+// buffer allow): one reload per G stages instead of one per stage, since at 32-64 rows a stage's 32 KB of
+// weights met 128-256 KB of activation reloads and the task ran at L2's pace, not HBM's (PERF_LOG #60).
+// The held stages' per-warp partial sums (part + R * bp, [warp][G * RS][bp]) are added into the task's
+// sums (part, [R][bp]) in the fixed warp order before the next G stages: the same additions in the same
+// order as one stage at a time, so the sums do not depend on G.
+__host__ __device__ constexpr int grouped_held_stages(int R, int RS, int bp, int nstages) {
+  const int fit = (abi::kPartialFloats - R * bp) / (kConsumerWarps * RS * bp);
+  const int g = fit < kStages ? fit : kStages;
+  return g < nstages ? g : nstages;
+}
+
 template <int K, int RS, class Src>
 __device__ bool gemm_stages_grouped(Consumer& c, const Src& src, int count, int nstages, float* part, int R, int bp) {
+  const int held = grouped_held_stages(R, RS, bp, nstages);  // >= 1: layout.partial_cap sizes R for one
   float* stage_part = part + R * bp;
-  for (int i = c.thread; i < R * bp; i += kConsumerThreads) part[i] = 0.f;
   c.mark_inputs();
-  for (int s = 0; s < nstages; ++s) {
-    const uint8_t* stage = c.stages.wait();
-    if (!stage) return false;
+  for (int s = 0; s < nstages; s += held) {
+    const int g = min(held, nstages - s), rows = g * RS;
+    const uint8_t* stage[kStages];
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) {
+      if (i >= g) break;
+      stage[i] = c.stages.wait_ahead(i);
+      if (!stage[i]) return false;
+    }
     for (int b0 = 0; b0 < count; b0 += 16) {
       ActTile<K, 2> a;
       a.load(src, b0, c.warp, c.lane);
-      mma_stage<K, RS, 2>(stage, a, stage_part, RS, bp, 0, b0, c.warp, c.lane);
+#pragma unroll
+      for (int i = 0; i < kStages; ++i) {
+        if (i >= g) break;
+        mma_stage<K, RS, 2>(stage[i], a, stage_part, rows, bp, i * RS, b0, c.warp, c.lane);
+      }
     }
-    c.stages.release();
+    for (int i = 0; i < g; ++i) c.stages.release();
     consumer_sync();
-    for (int i = c.thread; i < RS * bp; i += kConsumerThreads) {
+    for (int i = c.thread; i < rows * bp; i += kConsumerThreads) {
       float v = 0.f;
 #pragma unroll
-      for (int w = 0; w < kConsumerWarps; ++w) v += stage_part[w * RS * bp + i];
-      part[s * RS * bp + i] += v;
+      for (int w = 0; w < kConsumerWarps; ++w) v += stage_part[w * rows * bp + i];
+      part[s * RS * bp + i] = v;
     }
     consumer_sync();
   }
