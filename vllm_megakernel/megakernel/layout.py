@@ -202,11 +202,13 @@ def o_within_down_for(batch: int) -> float:
 
 def combine_heads_for(batch: int, num_heads: int) -> int:
     """Query heads per ATTN_COMBINE task: one at batch 1-2 (the splits of a long context are many), more as
-    the batch brings more requests."""
-    for b, heads in ((2, 1), (8, 4), (32, 8)):
+    the batch brings more requests, at most 8: at batch 64 tasks of all 32 heads (64 tasks, ~38 us each on
+    64 SMs, the O projection waiting on them) measured 2.7% and 3.0% slower a step than tasks of 8 (256
+    tasks, ~10.5 us) in one process (benchmarks/results/h200-2026-12-02-v2-wide-profiles, call 3)."""
+    for b, heads in ((2, 1), (8, 4)):
         if batch <= b:
             return min(heads, num_heads)
-    return num_heads
+    return min(8, num_heads)
 
 
 def visible_range(seq_len: int, window: int | None) -> tuple[int, int]:
