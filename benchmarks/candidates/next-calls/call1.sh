@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Session L, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main and variants/ with base.so =
-# main and topk4.so = main + benchmarks/candidates/topk-rows-side-by-side.patch): main's kernel tests and
-# memcheck / synccheck (the grouped GEMM stages have run through them only inside session K's variants);
-# topk4's kernel tests; the A/B base / topk4 twice at batch 8, 32, 64 (PERF_LOG #64); the head-of-layer task
-# sizes at batch 32 and 64 on main (PERF_LOG's batch 32-64 section).
+# main and both.so = main + benchmarks/candidates/topk-rows-side-by-side.patch + grouped-by-row-group.patch):
+# main's kernel tests and memcheck / synccheck (the landed grouped GEMM stages have run through them only
+# inside session K's variants); both's kernel tests and memcheck / synccheck; the A/B base / both twice at
+# batch 8, 32, 64 (PERF_LOG #64-#65: the two changes act on different waves, the traces attribute them); the
+# head-of-layer task sizes at batch 32 and 64 on both (PERF_LOG's batch 32-64 section).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
@@ -12,18 +13,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 python3 -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code /tmp/nmc-5l --seed 1 --num-layers 5 > $res/ckpt.log 2>&1
 export MEGAKERNEL_TEST_CHECKPOINT=/tmp/nmc-5l
 so=$(ls vllm_megakernel/_C*.so); cp $so /tmp/main.so
-timeout 100 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py tests/gpu/test_each_opcode.py \
-  > $res/tests-main.txt 2>&1; echo "main tests rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/tests-main.txt
-timeout 100 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_sanitizer.py -k "memcheck or synccheck" \
-  > $res/sanitizer-main.txt 2>&1; echo "main sanitizer rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/sanitizer-main.txt
-cp variants/topk4.so $so
-timeout 80 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py tests/gpu/test_each_opcode.py \
-  > $res/tests-topk4.txt 2>&1; echo "topk4 tests rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/tests-topk4.txt
-cp /tmp/main.so $so
-timeout 280 bash benchmarks/ab/run.sh variants $res/ab 8,32,64 base topk4 base topk4 > $res/ab.log 2>&1
+tests() {
+  timeout 90 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py tests/gpu/test_each_opcode.py \
+    > $res/tests-$1.txt 2>&1; echo "$1 tests rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/tests-$1.txt
+  timeout 60 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_sanitizer.py -k "memcheck or synccheck" \
+    > $res/sanitizer-$1.txt 2>&1; echo "$1 sanitizer rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/sanitizer-$1.txt
+}
+tests main
+cp variants/both.so $so; tests both; cp /tmp/main.so $so
+timeout 270 bash benchmarks/ab/run.sh variants $res/ab 8,32,64 base both base both > $res/ab.log 2>&1
 echo "ab rc=$? ($(( $(date +%s) - start )) s)"; tail -7 $res/ab.log
-timeout $(( 570 - ($(date +%s) - start) )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
+cp variants/both.so $so
+timeout $(( 575 - ($(date +%s) - start) )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
   --batch-sizes 32,64 --iters 5 --schedules "default;router_rows=8;qkv_rows=40;router_rows=8,qkv_rows=40" \
   --out $res/head-sizes > $res/head-sizes.log 2>&1
 echo "head sizes rc=$? ($(( $(date +%s) - start )) s)"; grep -h "us per step" $res/head-sizes.log
+cp /tmp/main.so $so
 cd $OUT && tar czf r.tgz r && rm -rf r
