@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Session L, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main and variants/ with base.so =
-# main and both.so = main + benchmarks/candidates/topk-rows-side-by-side.patch + grouped-by-row-group.patch):
-# main's kernel tests and memcheck / synccheck (the landed grouped GEMM stages have run through them only
-# inside session K's variants); both's kernel tests and memcheck / synccheck; the A/B base / both twice at
-# batch 8, 32, 64 (PERF_LOG #64-#65: the two changes act on different waves, the traces attribute them); the
-# head-of-layer task sizes at batch 32 and 64 on both (PERF_LOG's batch 32-64 section).
+# Session L, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main and variants/ with base.so,
+# both.so and abort.so, see ../README.md): main's kernel tests and memcheck / synccheck (the landed grouped
+# GEMM stages have run through them only inside session K's variants); both's (topk-rows-side-by-side +
+# grouped-by-row-group) and abort's (abort-at-filled-position, with its own stalled-barrier cases applied to
+# the tests) kernel tests and memcheck / synccheck; the head-of-layer task sizes at batch 32 and 64 on both.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
@@ -20,11 +19,11 @@ tests() {
     > $res/sanitizer-$1.txt 2>&1; echo "$1 sanitizer rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/sanitizer-$1.txt
 }
 tests main
-cp variants/both.so $so; tests both; cp /tmp/main.so $so
-timeout 270 bash benchmarks/ab/run.sh variants $res/ab 8,32,64 base both base both > $res/ab.log 2>&1
-echo "ab rc=$? ($(( $(date +%s) - start )) s)"; tail -7 $res/ab.log
+cp variants/both.so $so; tests both
+cp variants/abort.so $so; git apply --include='tests/*' benchmarks/candidates/abort-at-filled-position.patch && tests abort
+git apply -R --include='tests/*' benchmarks/candidates/abort-at-filled-position.patch
 cp variants/both.so $so
-timeout $(( 575 - ($(date +%s) - start) )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
+timeout $(( 570 - ($(date +%s) - start) )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
   --batch-sizes 32,64 --iters 5 --schedules "default;router_rows=8;qkv_rows=40;router_rows=8,qkv_rows=40" \
   --out $res/head-sizes > $res/head-sizes.log 2>&1
 echo "head sizes rc=$? ($(( $(date +%s) - start )) s)"; grep -h "us per step" $res/head-sizes.log
