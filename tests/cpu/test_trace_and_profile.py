@@ -3,6 +3,7 @@ random weights in vLLM's layout, and bulk-fill KV layouts (all on synthetic data
 benchmarks.kernel_profile)."""
 
 import dataclasses
+import statistics
 
 import torch
 import pytest
@@ -383,3 +384,21 @@ def test_kernel_profile_parses_every_schedule_choice_it_names():
     assert StepShape(batch=8, num_sms=132, **shape).o_within_down == 0.4
     with pytest.raises(ValueError, match="unknown schedule choice"):
         parse_schedule("o_within=0.4")
+
+
+def test_step_placements_tells_a_placement_effect_from_round_noise():
+    """benchmarks.step_placements: each placement's median over its rounds, the spread between placements
+    and the largest spread within one; the verdict names a placement effect only when the placements differ
+    by more than twice their own rounds do."""
+    from benchmarks.step_placements import placement_spread, report
+
+    fast, slow = [2300.0, 2310.0, 2305.0], [2600.0, 2590.0, 2610.0]
+    s = placement_spread([fast, slow, fast])
+    assert s["per_step_us"] == [2305.0, 2600.0, 2305.0]
+    assert abs(s["between"] - 295.0 / statistics.mean([2305.0, 2600.0, 2305.0])) < 1e-12
+    assert abs(s["within"] - 20.0 / 2600.0) < 1e-12
+    assert "differ by more than their own rounds do" in report([fast, slow, fast], 1, 8192)
+    noisy = [[2300.0, 2600.0, 2450.0], [2320.0, 2580.0, 2400.0]]
+    assert "no more than twice" in report(noisy, 1, 8192)
+    with pytest.raises(ValueError):
+        placement_spread([[2300.0], []])
