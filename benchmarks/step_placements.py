@@ -5,16 +5,23 @@ of slow runs differ in the small dependent reads (router inputs, combine, O proj
     python -m benchmarks.step_placements --model configs/north-mini-code --batch-size 1 --steps 6 \
         --rounds 5 --iters 20 [--context 8192] [--out DIR]
 
-Builds ``--steps`` steps of one schedule over the same weights, KV cache and inputs, each with its own
-workspace, barriers, error word and tables (a pad of a different size allocated before each, so they land
-at other addresses), then times them in rounds: every round times each step ``--iters`` launches (median
-of the round). If the steps differ by more than each step's rounds do, the placement of a step's own
-buffers moves its time, and choosing among a few placements at start-up would pay.
+Builds ``--steps`` steps of one schedule over the same weights and KV cache, each with its own workspace,
+barriers, error word, tables and copies of the small input buffers (positions, lengths, block tables, slot
+mappings), all allocated in a memory pool of the step's own behind a pad of a different size: so each step's
+small buffers sit in segments (physical pages) of their own, not at other offsets of the caching allocator's
+shared small-buffer segments. Then times them in rounds: every round times each step ``--iters`` launches
+(median of the round). If the steps differ by more than each step's rounds do, the placement of a step's own
+buffers moves its time, and choosing among a few placements at start-up would pay. Not varied: the weights,
+the KV cache and the kernel's code. Each launch's time includes the barrier reset and the launch's host
+enqueue, as in kernel_profile (the same for every step). The SM clock before and after the rounds is
+recorded: a throttled round inflates the spread within a step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -81,25 +88,39 @@ def main(argv=None) -> None:
     inp = sim.step(list(range(1, b + 1)))
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     sched = build_schedule(dims, StepShape(batch=b, num_sms=num_sms), *weights.intermediates())
-    steps, pads = [], []
+    # a pool of its own per step where this torch has them (2.5 and later); else only the pads move them
+    own_pools = hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")
+    steps, keep = [], []
     for i in range(args.steps):
-        pads.append(torch.empty((i + 1) * 37 * 4096 + i * (3 << 20), dtype=torch.uint8, device="cuda"))
-        steps.append(runtime.build_step(sched, weights, inp))
+        pool = torch.cuda.MemPool() if own_pools else None
+        with torch.cuda.use_mem_pool(pool) if own_pools else contextlib.nullcontext():
+            pad = torch.empty((i + 1) * 37 * 4096, dtype=torch.uint8, device="cuda")
+            own = dataclasses.replace(
+                inp, input_ids=inp.input_ids.clone(), positions=inp.positions.clone(), seq_lens=inp.seq_lens.clone(),
+                groups=[dataclasses.replace(g, block_table=g.block_table.clone(), slot_mapping=g.slot_mapping.clone())
+                        for g in inp.groups])
+            steps.append(runtime.build_step(sched, weights, own))
+        keep.append((pool, pad, own))
     for step in steps:
         runtime.run_step(step)  # each once, checked, before any timing
+    from benchmarks.kernel_profile import gpu_clocks
+
+    clocks = [gpu_clocks()]
     round_medians: list[list[float]] = [[] for _ in steps]
     for _ in range(args.rounds):
         for i, step in enumerate(steps):
             times = cuda_times(lambda: runtime.launch(step), args.iters, warmup=2)
             round_medians[i].append(statistics.median(times) * 1e6)
+    clocks.append(gpu_clocks())
     for step in steps:
         runtime.check(step)
-    text = report(round_medians, b, args.context)
+    text = (report(round_medians, b, args.context) + f"\n\nSM clock before / after the rounds: {clocks}; each step's "
+            f"buffers in a memory pool of its own: {'yes' if own_pools else 'no (this torch has none)'}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(text + "\n")
         (args.out / "placements.json").write_text(json.dumps(
-            {"batch": b, "context": args.context, "round_medians_us": round_medians,
+            {"batch": b, "context": args.context, "round_medians_us": round_medians, "clocks": clocks, "own_pools": own_pools,
              "addresses": [{name: t.data_ptr() for name, t in s.workspace.items()} for s in steps]}, indent=1))
     print(text)
 
