@@ -90,21 +90,17 @@ struct StageConsumer {
   PipelineStorage& p;
   uint32_t n = 0;  // stages consumed so far
 
-  // The next stage once its copies have landed; nullptr if the block aborted.
-  __device__ const uint8_t* wait() {
-    const int s = n % kStages;
-    if (!p.wait(&p.full[s], (n / kStages) & 1)) return nullptr;
-    return p.stage[s];
-  }
-  // The stage `ahead` places after the next (0: the one wait() returns) once its copies have landed,
-  // without releasing the ones before it; nullptr if the block aborted. At most kStages may be held at
-  // once: the producer refills a buffer only after its release.
+  // The stage `ahead` places after the next once its copies have landed, without releasing the ones before
+  // it; nullptr if the block aborted. At most kStages may be held at once: the producer refills a buffer only
+  // after its release.
   __device__ const uint8_t* wait_ahead(int ahead) {
     const uint32_t m = n + ahead;
     const int s = m % kStages;
     if (!p.wait(&p.full[s], (m / kStages) & 1)) return nullptr;
     return p.stage[s];
   }
+  // The next stage once its copies have landed; nullptr if the block aborted.
+  __device__ const uint8_t* wait() { return wait_ahead(0); }
   // After the whole warp is done reading the stage.
   __device__ void release() {
     __syncwarp();
