@@ -54,24 +54,21 @@ def task_breakdown(schedule, records) -> dict:
     use returns before it marks its inputs (csrc/ops/attention.cuh): those are left out."""
     import statistics
 
-    import torch
+    from vllm_megakernel.megakernel.trace import record_fields
 
-    from vllm_megakernel.megakernel import abi
-
-    col = {name: i for i, name in enumerate(abi.TRACE_FIELDS)}
-    rec = records.detach().to("cpu", torch.int64)
+    _, f = record_fields(records)
     run = {"attn_partial": [], "attn_combine": []}
     per_sm: dict[int, float] = {}
     for t in schedule.tasks:
-        r = rec[t.index]
-        if t.wave not in run or int(r[col["end_ns"]]) <= 0:
+        i = t.index
+        if t.wave not in run or int(f["end_ns"][i]) <= 0:
             continue
-        if t.wave == "attn_partial" and int(r[col["inputs_ns"]]) <= 0:  # a split with no keys to attend
+        if t.wave == "attn_partial" and int(f["inputs_ns"][i]) <= 0:  # a split with no keys to attend
             continue
-        us = (int(r[col["end_ns"]]) - int(r[col["run_start_ns"]])) / 1e3
+        us = (int(f["end_ns"][i]) - int(f["run_start_ns"][i])) / 1e3
         run[t.wave].append(us)
         if t.wave == "attn_partial":
-            per_sm[int(r[col["sm"]])] = per_sm.get(int(r[col["sm"]]), 0.0) + us
+            per_sm[int(f["sm"][i])] = per_sm.get(int(f["sm"][i]), 0.0) + us
     return {"partial_task_us": statistics.median(run["attn_partial"]),
             "busiest_sm_partial_us": max(per_sm.values()),
             "combine_task_us": statistics.median(run["attn_combine"]) if run["attn_combine"] else 0.0}

@@ -48,6 +48,12 @@ class WaveTime:
     share: float  # summed spans / step time
 
 
+def record_fields(records: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The records on the CPU as int64, and each abi.TRACE_FIELDS column of them by name."""
+    rec = records.detach().to("cpu", torch.int64)
+    return rec, {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
+
+
 def ran_tasks(schedule: Schedule, records: torch.Tensor) -> torch.Tensor:
     """bool [num_tasks]: the tasks that ran and left a record. Only an expert task may have none (a dead
     slot's, which the producer skips: abi.py's routed descriptors); any other missing record means the
@@ -65,8 +71,7 @@ def ran_tasks(schedule: Schedule, records: torch.Tensor) -> torch.Tensor:
 
 def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[WaveTime]]:
     """(step wall time in us, per-wave rows in step order) from a [num_tasks, TRACE_FIELDS] record tensor."""
-    rec = records.detach().to("cpu", torch.int64)
-    f = {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
+    rec, f = record_fields(records)
     ran = ran_tasks(schedule, rec)
     t0, t1 = int(f["wait_start_ns"][ran].min()), int(f["end_ns"][ran].max())
     step_us = (t1 - t0) / 1e3
@@ -136,8 +141,8 @@ def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[f
     """(median start of the next layer, per-wave rows in step order) for ``layers`` (each needs a next
     layer): every time is relative to the start of the layer's first task, and the median over the
     layers. A layer's waves overlap, so this shows which one ends last and what waited behind what."""
-    rec = records.detach().to("cpu", torch.int64)
-    run, end = rec[:, abi.TRACE_FIELDS.index("run_start_ns")], rec[:, abi.TRACE_FIELDS.index("end_ns")]
+    rec, f = record_fields(records)
+    run, end = f["run_start_ns"], f["end_ns"]
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     waves = list(by_layer[layers[0]])
     samples: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
@@ -178,8 +183,7 @@ def layer_ends(schedule: Schedule, records: torch.Tensor, layers) -> tuple[dict[
     the last one had finished their last task of the layer, and when the next layer's first task ran,
     medians over ``layers``; per-wave rows for those last tasks, most SMs first). Times as in
     :func:`layer_timeline`; an SM with no task in a layer does not count for it."""
-    rec = records.detach().to("cpu", torch.int64)
-    f = {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
+    rec, f = record_fields(records)
     by_wave, layers = _tasks_by_layer(schedule, rec, layers)
     by_layer = {layer: [i for ix in waves.values() for i in ix] for layer, waves in by_wave.items()}
     marks: dict[str, list[float]] = defaultdict(list)
@@ -228,8 +232,7 @@ def after_previous(ops: list[int], waves: list[str], records: torch.Tensor, ran:
     (by run start). Plain lists, so that a saved trace (kernel_profile's traces.pt: op, waves, sm, and times
     with -1 for fields a task did not mark) can be read without its schedule: ``records`` then is
     ``torch.cat([sm[:, None], times], 1)`` and ``ran`` is ``times[:, -1] >= 0``."""
-    rec = records.detach().to("cpu", torch.int64)
-    f = {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
+    rec, f = record_fields(records)
     previous: dict[int, int] = {}  # task -> the op its SM ran just before it (absent: the SM's first)
     by_sm: dict[int, list[int]] = defaultdict(list)
     for i in range(len(ops)):
