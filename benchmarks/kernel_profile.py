@@ -85,13 +85,11 @@ def gpu_clocks() -> dict | None:
     return None
 
 
-def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: int, seed: int,
-                  schedule: str = "default") -> dict:
+def random_step_inputs(dims, batch: int, context: int, seed: int):
+    """A decode step's inputs on the GPU: ``batch`` requests of ``context`` cached tokens each (random K/V),
+    one random new token each."""
     import torch
 
-    from benchmarks.sol import cuda_times
-    from vllm_megakernel.megakernel import runtime, trace
-    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
     from vllm_megakernel.paged_kv import PagedKVSim
 
     sim = PagedKVSim(dims, num_requests=batch, max_len=context + 1, block_size=16, dtype=torch.bfloat16,
@@ -100,7 +98,18 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     for cache in sim.kv_caches:  # whole caches at once; the values only need to be finite
         cache.normal_()
     gen = torch.Generator().manual_seed(seed)
-    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in range(batch)])
+    return sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in range(batch)])
+
+
+def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: int, seed: int,
+                  schedule: str = "default") -> dict:
+    import torch
+
+    from benchmarks.sol import cuda_times
+    from vllm_megakernel.megakernel import runtime, trace
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+
+    inp = random_step_inputs(dims, batch, context, seed)
     shape = StepShape(batch=batch, num_sms=num_sms, **parse_schedule(schedule))
     sched = build_schedule(dims, shape, *weights.intermediates())
 

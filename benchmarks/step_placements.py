@@ -69,23 +69,18 @@ def main(argv=None) -> None:
 
     import torch
 
+    from benchmarks.kernel_profile import gpu_clocks, random_step_inputs
     from benchmarks.sol import cuda_times
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
-    from vllm_megakernel.paged_kv import PagedKVSim
 
     config = json.loads((Path(args.model) / "config.json").read_text())
     dims = ref.ModelDims.from_config(config)
     weights = ref.Weights.random(dims, config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0,
                                  "cuda", seed=args.seed)
     b = args.batch_size
-    sim = PagedKVSim(dims, num_requests=b, max_len=args.context + 1, block_size=16, dtype=torch.bfloat16,
-                     device="cuda", seed=args.seed)
-    sim.fill_history([args.context] * b, values=False)
-    for cache in sim.kv_caches:
-        cache.normal_()
-    inp = sim.step(list(range(1, b + 1)))
+    inp = random_step_inputs(dims, b, args.context, args.seed)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     sched = build_schedule(dims, StepShape(batch=b, num_sms=num_sms), *weights.intermediates())
     # a pool of its own per step where this torch has them (2.5 and later); else only the pads move them
@@ -103,8 +98,6 @@ def main(argv=None) -> None:
         keep.append((pool, pad, own))
     for step in steps:
         runtime.run_step(step)  # each once, checked, before any timing
-    from benchmarks.kernel_profile import gpu_clocks
-
     clocks = [gpu_clocks()]
     round_medians: list[list[float]] = [[] for _ in steps]
     for _ in range(args.rounds):
@@ -120,8 +113,8 @@ def main(argv=None) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(text + "\n")
         (args.out / "placements.json").write_text(json.dumps(
-            {"batch": b, "context": args.context, "round_medians_us": round_medians, "clocks": clocks, "own_pools": own_pools,
-             "addresses": [{name: t.data_ptr() for name, t in s.workspace.items()} for s in steps]}, indent=1))
+            {"batch": b, "context": args.context, "round_medians_us": round_medians, "clocks": clocks,
+             "own_pools": own_pools, "addresses": [{name: t.data_ptr() for name, t in s.workspace.items()} for s in steps]}, indent=1))
     print(text)
 
 
