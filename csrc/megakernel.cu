@@ -14,11 +14,8 @@
 // Aborts: a dependency wait that times out (or sees another SM's error record) raises the block's abort
 // flag. The consumers learn of a consumer-side abort after a named barrier (all of them at once); the
 // producer, the consumers and the signaller learn of each other's aborts in their ring waits, which is
-// where they would otherwise wait forever. Known gap (session D's review): a ring wait gives up only if
-// its phase has not completed, so when the abort lands while a stage or descriptor is being filled, one
-// consumer warp can give up on it while another sees it complete and goes on to a named barrier the
-// first never reaches; that hangs instead of failing. Every warp must give up at the same ring position
-// (a count of what was issued, closed atomically on abort); not yet done.
+// where they would otherwise wait forever. The consumer warps give up all at the same ring position, the
+// first the producer did not fill before it left (pipeline.cuh), so none is left at a named barrier.
 #include <stdexcept>
 #include <string>
 
@@ -126,17 +123,18 @@ __device__ Layer layer_of(const long long* layer_table, const int* desc) {
   return Layer{layer_table + (long long)desc[abi::F_LAYER] * abi::kLayerWords};
 }
 
-__device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, const long long* layer_table,
-                                             const int* my_tasks, int max_tasks, int* barriers, int* error) {
+// The producer warp's walk of the SM's list; leaves at the end of the list or on an abort, with `i` the
+// descriptors it published (the stages it filled are p.stages.n on lane 0).
+__device__ __forceinline__ void produce(SharedStorage& S, Producer& p, int& i, const long long* layer_table,
+                                        const int* my_tasks, int max_tasks) {
   PipelineStorage& pipe = S.pipe;
   const int lane = Role::lane();
-  Producer p{st, StageProducer{pipe}, barriers, error, st.i(abi::S_TIMEOUT_NS)};
   int next = my_tasks[lane];  // descriptors are fetched one ahead: the load is in flight while we wait
   RoutingSeen seen;           // the routing as far as this producer has waited for it (ops/moe.cuh)
   // e walks the SM's list; i counts the ring positions published, which fall behind e by the expert tasks
   // skipped (a dead slot's task is not published: the consumers and the signaller see the list without
   // it, ending at OP_END).
-  for (int e = 0, i = 0; e < max_tasks; ++e) {
+  for (int e = 0; e < max_tasks; ++e) {
     int word = next;
     if (e + 1 < max_tasks) next = my_tasks[(long long)(e + 1) * abi::kTaskWords + lane];
     int op = __shfl_sync(0xffffffffu, word, 0);
@@ -147,7 +145,9 @@ __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, c
       op = __shfl_sync(0xffffffffu, word, 0);
     }
     const int slot = i % kDescSlots;
-    if (!pipe.wait(&pipe.desc_empty[slot], ((i / kDescSlots) & 1) ^ 1)) return;
+    // Every lane waits; they leave together if any saw the abort, before any of them counts or fills the
+    // position (the count published for the consumers must hold only descriptors all 32 lanes arrive on).
+    if (!__all_sync(0xffffffffu, pipe.wait(&pipe.desc_empty[slot], ((i / kDescSlots) & 1) ^ 1))) return;
     // An expert task's descriptor is finished here, before the consumers see it: which tile it runs (a
     // claim, taken when the producer reaches the place) and the slot's routing (ops/moe.cuh). This waits
     // for the layer's routing, which the task's loads need anyway.
@@ -168,6 +168,25 @@ __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, c
   }
 }
 
+__device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, const long long* layer_table,
+                                             const int* my_tasks, int max_tasks, int* barriers, int* error) {
+  Producer p{st, StageProducer{S.pipe}, barriers, error, st.i(abi::S_TIMEOUT_NS)};
+  int published = 0;
+  produce(S, p, published, layer_table, my_tasks, max_tasks);
+  // Every descriptor counted was stored and arrived on by all 32 lanes before produce() could return, and
+  // every stage counted had its copies issued: the consumers may wait out any position below these.
+  __syncwarp();
+  if (Role::lane() != 0) return;
+  S.pipe.publish_filled(p.stages.n, (uint32_t)published);
+  // On an abort, now or after this warp left, the consumers may leave with stages still in flight (a
+  // consumer-side abort leaves from a named barrier, not from the ring); a block must not exit while bulk
+  // copies write its shared memory, so the producer stays until its last stages (at most the ring's depth
+  // of them) have landed. Without an abort the consumers wait for them anyway: this costs the step nothing.
+  for (uint32_t q = p.stages.n > (uint32_t)kStages ? p.stages.n - kStages : 0; q < p.stages.n; ++q)
+    while (!ptx::mbarrier_try_wait_parity(&S.pipe.full[q % kStages], (q / kStages) & 1)) {
+    }
+}
+
 __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, const long long* layer_table,
                                               int max_tasks, int* barriers, int* error) {
   PipelineStorage& pipe = S.pipe;
@@ -177,7 +196,7 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
   const long long timeout_ns = st.i(abi::S_TIMEOUT_NS);
   for (int i = 0; i < max_tasks; ++i) {
     const int slot = i % kDescSlots;
-    if (!pipe.wait(&pipe.desc_full[slot], (i / kDescSlots) & 1)) return;
+    if (!pipe.wait_filled(&pipe.desc_full[slot], (i / kDescSlots) & 1, &pipe.filled_descs, (uint32_t)i)) return;
     const int* d = pipe.desc[slot];
     const int op = d[abi::F_OPCODE];
     if (op == abi::OP_END) return;

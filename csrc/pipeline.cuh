@@ -17,8 +17,16 @@
 // Phases: the n-th use of a buffer (n = count / ring size) is waited on with parity n & 1 by the side
 // that consumes it, and with parity (n & 1) ^ 1 by the side that refills it (a fresh barrier counts its
 // phase -1 as complete, so the first use of every buffer passes). Every wait checks the block's abort
-// flag while it spins, and only while the barrier is not yet complete, so after an abort every role
-// leaves from a wait without reaching a later named barrier (see megakernel.cu).
+// flag while it spins, and only while the barrier is not yet complete.
+//
+// Aborts and the consumer warps: the consumers meet at named barriers, so after an abort they must all
+// give up at the same ring position; if one warp gave up on a stage or descriptor still being filled while
+// another saw it land, the second would wait at the next named barrier for the first forever. So a
+// consumer's ring wait that sees the abort flag does not decide alone: it waits for the producer to leave
+// (it does, within its own bounded waits, once the flag is up) and to publish how many stages and
+// descriptors it filled, then gives up only on a position past those and waits out one before them
+// (filled: its copies and stores land). Every warp then gives up at the first unfilled position. The
+// producer publishes once, as it leaves: nothing on the per-stage path.
 #pragma once
 
 #include <cuda/ptx>
@@ -43,6 +51,10 @@ struct PipelineStorage {
   uint64_t done[kDescSlots];
   uint64_t desc_empty[kDescSlots];
   volatile int abort;  // raised by whichever role gave up; every ring wait checks it
+  // Published by the producer as it leaves (producer_left set last, with release order): the stages and
+  // descriptors it filled this step.
+  uint32_t filled_stages, filled_descs;
+  int producer_left;
 
   // One thread, before the block-wide barrier that precedes any use.
   __device__ void init() {
@@ -56,12 +68,39 @@ struct PipelineStorage {
       ptx::mbarrier_init(&desc_empty[s], kConsumerWarps + 1);
     }
     abort = 0;
+    filled_stages = filled_descs = 0;
+    producer_left = 0;
   }
 
   // Spins until the phase of the given parity has completed; false if the block aborted meanwhile.
   __device__ __forceinline__ bool wait(uint64_t* bar, uint32_t parity) {
     while (!ptx::mbarrier_try_wait_parity(bar, parity))
       if (abort) return false;
+    return true;
+  }
+
+  // The producer, as it leaves (lane 0; at the end of its list or on an abort).
+  __device__ void publish_filled(uint32_t stages, uint32_t descs) {
+    filled_stages = stages;
+    filled_descs = descs;
+    cuda::atomic_ref<int, cuda::thread_scope_block>(producer_left).store(1, cuda::memory_order_release);
+  }
+
+  // A consumer's wait for position `pos` of a ring whose fill count the producer publishes as `filled`:
+  // like wait(), but on an abort it gives up only if the producer left without filling `pos` (above).
+  __device__ __forceinline__ bool wait_filled(uint64_t* bar, uint32_t parity, const uint32_t* filled, uint32_t pos) {
+    while (!ptx::mbarrier_try_wait_parity(bar, parity))
+      if (abort) return wait_filled_after_abort(bar, parity, filled, pos);
+    return true;
+  }
+  // The abort path of wait_filled.
+  __device__ __forceinline__ bool wait_filled_after_abort(uint64_t* bar, uint32_t parity, const uint32_t* filled,
+                                                       uint32_t pos) {
+    while (cuda::atomic_ref<int, cuda::thread_scope_block>(producer_left).load(cuda::memory_order_acquire) == 0) {
+    }
+    if (pos >= *filled) return false;
+    while (!ptx::mbarrier_try_wait_parity(bar, parity)) {  // filled: its copies or stores land
+    }
     return true;
   }
 };
@@ -91,15 +130,15 @@ struct StageConsumer {
   uint32_t n = 0;  // stages consumed so far
 
   // The stage `ahead` places after the next once its copies have landed, without releasing the ones before
-  // it; nullptr if the block aborted. At most kStages may be held at once: the producer refills a buffer only
-  // after its release.
+  // it; nullptr if the block aborted before the producer filled it. At most kStages may be held at once: the
+  // producer refills a buffer only after its release.
   __device__ const uint8_t* wait_ahead(int ahead) {
     const uint32_t m = n + ahead;
     const int s = m % kStages;
-    if (!p.wait(&p.full[s], (m / kStages) & 1)) return nullptr;
+    if (!p.wait_filled(&p.full[s], (m / kStages) & 1, &p.filled_stages, m)) return nullptr;
     return p.stage[s];
   }
-  // The next stage once its copies have landed; nullptr if the block aborted.
+  // The next stage once its copies have landed; nullptr as wait_ahead().
   __device__ const uint8_t* wait() { return wait_ahead(0); }
   // After the whole warp is done reading the stage.
   __device__ void release() {

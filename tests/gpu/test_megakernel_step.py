@@ -211,10 +211,12 @@ def test_ragged_lengths_around_tiles_blocks_and_the_window_in_one_batch(wide):
     print(f"ragged 1..128K: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
-@pytest.mark.parametrize("victim_op", ["MOE_UPGATE", "ROUTER_TOPK"])
+@pytest.mark.parametrize("victim_op", ["MOE_UPGATE", "ROUTER_TOPK", "QKV_ROPE", "ATTN_PARTIAL"])
 def test_a_stalled_barrier_is_reported_not_hung(wide, victim_op):
     """A schedule with one arrival missing: the kernel gives up after the timeout and names the barrier.
-    A missing route also stalls the producer warps that wait on it before loading expert weights."""
+    A missing route also stalls the producer warps that wait on it before loading expert weights, a missing
+    QKV task the attention producers' wait for the new token's K/V tile, a missing attention split the
+    combine tasks' input waits."""
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.abi import NO_BARRIER, Op
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
@@ -230,8 +232,9 @@ def test_a_stalled_barrier_is_reported_not_hung(wide, victim_op):
     victim.signal = NO_BARRIER
     step = runtime.build_step(sched, w, inp, timeout_s=0.2)
     n = sched.barriers[next(t.signal for t in sched.tasks if t.op == Op[victim_op] and t.layer == 2 and t is not victim)
-                       ].target if victim_op == "MOE_UPGATE" else 1
-    name = r"L2\.moe_up\.s0" if victim_op == "MOE_UPGATE" else r"L2\.route"
+                       ].target if victim_op != "ROUTER_TOPK" else 1
+    name = {"MOE_UPGATE": r"L2\.moe_up\.s0", "ROUTER_TOPK": r"L2\.route", "QKV_ROPE": r"L2\.qkv",
+            "ATTN_PARTIAL": r"L2\.attn"}[victim_op]
     with pytest.raises(runtime.MegakernelStallError, match=rf"{name}\): expected {n}, saw {n - 1}"):
         runtime.run_step(step)
     # the GPU is fine afterwards: a correct schedule runs on the same device (on a fresh cache: the stalled
@@ -241,6 +244,33 @@ def test_a_stalled_barrier_is_reported_not_hung(wide, victim_op):
     good = build_schedule(dims, StepShape(batch=2, num_sms=16, attn_splits=1), *w.intermediates())
     out = runtime.run_step(runtime.build_step(good, w, fresh.step([1, 2])))
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("batch", [2, 16])
+def test_aborts_at_any_moment_are_reported_not_hung(wide, batch):
+    """Timeouts shorter than a correct step's own waits make the kernel abort wherever the first wait runs
+    out, with stages and descriptors in flight on many SMs: the moment a consumer warp could give up on a
+    stage another warp then sees land, and wait at a named barrier for it forever. Every launch must end
+    (the test's own end is the check), those with timeouts of a few microseconds with a stall report (a
+    layer's first tasks alone wait longer), and a correct step runs on the device afterwards."""
+    from vllm_megakernel.megakernel import runtime
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+    from vllm_megakernel.paged_kv import PagedKVSim
+
+    dims, w = wide
+    sim = PagedKVSim(dims, num_requests=batch, max_len=2048, block_size=16, dtype=torch.bfloat16, device="cuda")
+    sim.fill_history([1500] * batch, generator=torch.Generator().manual_seed(3))
+    inp = sim.step(list(range(1, batch + 1)))
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132), *w.intermediates())
+    stalled = []
+    for timeout in [1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5] * 5:
+        try:
+            runtime.run_step(runtime.build_step(sched, w, inp, timeout_s=timeout))
+        except runtime.MegakernelStallError:
+            stalled.append(timeout)
+    assert stalled.count(1e-6) == stalled.count(2e-6) == 5
+    good = runtime.run_step(runtime.build_step(sched, w, inp))
+    assert torch.isfinite(good[:batch]).all()
 
 
 def test_a_traced_launch_records_every_task_in_dependency_order(wide):
