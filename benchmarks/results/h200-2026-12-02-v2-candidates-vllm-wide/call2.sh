@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Session L, device call 2 (after four `install.sh --stash .offline-bundle/pN` calls on the same machine; carry
+# main's extension, .offline-bundle/install.sh, env.sh and bundle.sha256): inside vLLM at 8K, batch 32, 64 and
+# 16, both sides in one run (the first in-vLLM figures of the grouped GEMM stages and batch 64's combine size).
+set -u
+export PYTHONUNBUFFERED=1
+res=$OUT/r; mkdir -p $res
+env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $res/install.txt 2>&1; echo "install rc=$?"; tail -1 $res/install.txt
+export PYTHONPATH=$PWD; source .offline-bundle/env.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
+timeout 520 python -m benchmarks.decode_sweep --model configs/north-mini-code --load-format dummy \
+  --batch-sizes 32,64,16 --contexts 8192 --new-tokens 256 --cache-prompts --out $res/sweep > $res/sweep.log 2>&1
+echo "sweep rc=$?"; cat $res/sweep/table.md; tail -3 $res/sweep.log
+cd $OUT && tar czf r.tgz r && rm -rf r
