@@ -30,7 +30,7 @@ ATTENTION_WAVES = ("attn_partial", "attn_combine")
 
 
 SHAPE_KEYS = ("attn_splits", "attn_min_tiles", "combine_heads", "norm", "order", "expert_claims", "o_within_down",
-              "deal")
+              "deal", "moe_combine_cols")
 SHAPE_VALUE = {"norm": str, "order": str, "deal": str, "expert_claims": lambda v: bool(int(v)),
                "o_within_down": float}  # the rest: ints
 

@@ -346,6 +346,34 @@ def test_attention_alone_schedule_matches_the_reference_attention(dims, weights,
         torch.testing.assert_close(numerics.attn[r].view(hq, d), want, atol=1e-5, rtol=1e-5)
 
 
+def test_moe_combine_in_narrower_column_tasks_runs_the_same_step_race_free(dims, weights):
+    """moe_combine_cols (a kernel_profile schedule choice): the MoE combine split into tasks of fewer
+    hidden columns signals the same barrier from more tasks; the step matches the reference and no access
+    is left unordered. A width that is not a multiple of the region unit, or does not divide the hidden
+    size, is refused."""
+    batch = 19  # the norm wave and the grouped GEMMs
+    gen = torch.Generator().manual_seed(7)
+    lengths = [1, 5, 9, 2] * 5
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=3)
+    for step in range(max(lengths)):
+        toks = [int(torch.randint(0, dims.vocab, (1,), generator=gen)) if step < n else None for n in lengths]
+        ref.decode_step(dims, weights, sim.step(toks[:batch]))
+    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in range(batch)])
+    ref_inp, mk_inp = clone_inputs(inp), clone_inputs(inp)
+    expected = ref.decode_step(dims, weights, ref_inp)
+    shape = StepShape(batch=batch, num_sms=7, attn_splits=2, attn_min_tiles=1, moe_combine_cols=16)
+    sched = build_schedule(dims, shape, *weights.intermediates())
+    combines = [t for t in sched.tasks if t.op == Op.MOE_COMBINE and t.layer == 1]
+    assert len(combines) == dims.hidden // 16
+    got = simulate.decode_step(sched, weights, mk_inp, order="random", seed=5)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    simulate.check_races(sched)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        StepShape(batch=batch, num_sms=7, moe_combine_cols=24)
+    with pytest.raises(ValueError, match="MOE_COMBINE width"):
+        build_schedule(dims, dataclasses.replace(shape, moe_combine_cols=48), *weights.intermediates())
+
+
 def test_combine_tasks_take_at_most_eight_heads():
     """One head a combine task at batch 1-2, four to batch 8, then eight at every batch up to 64 (batch 64's
     tasks of all 32 heads measured ~3% slower a step), and never more heads than the model has."""

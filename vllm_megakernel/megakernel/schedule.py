@@ -91,8 +91,9 @@ class StepShape:
     expert tasks are claimed from a per-wave counter (abi's ``claim`` field) or run the tile they were
     dealt, where each layer's O projection places are dealt (``o_within_down``: after that fraction of the
     layer's down-wave places instead of after all of them; 0 keeps the wave order's place; None, the
-    default, takes layout.o_within_down_for the batch where the order allows it, else 0),
-    and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
+    default, takes layout.o_within_down_for the batch where the order allows it, else 0), the hidden
+    columns of a MOE_COMBINE task (``moe_combine_cols``, a multiple of UNIT dividing the hidden size; 0:
+    COMBINE_COLS), and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
     layer ("by_layer"), so that a layer's router tasks and top-k run on the same SMs every layer and its
     qkv tasks on the SMs after them, or round-robin over the whole step ("continuous"). Dealt by layer,
     the router and top-k code stays in those SMs' instruction caches: router tasks 11.0 -> 9.0 us and
@@ -110,6 +111,7 @@ class StepShape:
     expert_claims: bool = True
     o_within_down: float | None = None
     deal: str = "by_layer"
+    moe_combine_cols: int = 0
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -118,6 +120,8 @@ class StepShape:
             raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
         if self.deal not in DEALS:
             raise ValueError(f"deal={self.deal!r}: one of {DEALS}")
+        if self.moe_combine_cols < 0 or self.moe_combine_cols % UNIT:
+            raise ValueError(f"moe_combine_cols={self.moe_combine_cols}: a multiple of {UNIT} (0: {COMBINE_COLS})")
         waves = WAVE_ORDERS[self.order]
         o_movable = (waves.index("attn_combine") < waves.index("mlp_down")
                      and waves.index("o_proj") == waves.index("mlp_down") + 1)
@@ -267,8 +271,9 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     hq, hkv, D, H = dims.num_heads, dims.num_kv_heads, dims.head_dim, dims.hidden
     if hq % hkv:
         raise ValueError("query heads must be a multiple of KV heads")
-    if H % UNIT or H % min(COMBINE_COLS, H):
-        raise ValueError(f"hidden size {H} is not a multiple of {UNIT}")
+    combine_cols = shape.moe_combine_cols or min(COMBINE_COLS, H)
+    if H % UNIT or H % combine_cols:
+        raise ValueError(f"hidden size {H} is not a multiple of {UNIT} and of the MOE_COMBINE width {combine_cols}")
     B, S = shape.batch, shape.attn_splits
     tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, B, dict(shape.tiles))
     fold = layout.fold_norm(B) if shape.norm == "auto" else shape.norm == "fold"
@@ -276,7 +281,6 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     heads_per_combine = _heads_per_combine(dims, shape)
     chunks = range(-(-B // layout.NORM_ROWS))  # row chunks of x / hn (NORM tasks, region units)
     qkv_rows = (hq + 2 * hkv) * D
-    combine_cols = min(COMBINE_COLS, H)
 
     b = _Builder()
     prev_o = prev_mlp = None
