@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 8;
+constexpr int kAbiVersion = 9;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -58,6 +58,8 @@ constexpr int F_LOAD_WAIT_COUNT = 9;
 constexpr int F_NORM_ROW0 = 10;
 constexpr int F_NORM_ROWS = 11;
 constexpr int F_NORM_FINAL = 12;
+constexpr int F_NORM_MOE = 13;
+constexpr int F_NORM_ROW_WARPS = 14;
 // QKV_ROPE
 constexpr int F_QKV_ROPE_ROW0 = 10;
 constexpr int F_QKV_ROPE_ROWS = 11;

@@ -83,6 +83,51 @@ __device__ __forceinline__ float residual_vectors(const Step& st, int layer, int
   return ss;
 }
 
+// residual_vectors where the previous layer's MOE_COMBINE is folded into this norm (NORM's moe = 1): each
+// mlp vector is summed here from expert_out and topk_w exactly as MoeCombineOp sums it (fp32, k in order,
+// rounded to bf16 once; zero for a padding row, which was not routed), then (x + o) + mlp as above. Every
+// load is issued before the first sum.
+template <int N, class Col>
+__device__ __forceinline__ float residual_vectors_moe(const Step& st, int layer, int b, Col col, uint4 (&v)[N]) {
+  constexpr int KT = abi::kTopK;
+  const long long at = (long long)b * abi::kHidden;
+  const bf16 *x = st.x(layer - 1) + at, *o = st.o(layer - 1) + at;
+  const bf16* eout = st.ptr<const bf16>(abi::S_EOUT) + at * KT;
+  const float* topk_w = st.ptr<const float>(abi::S_TOPK_W) + b * KT;
+  const bool live = st.seq_len(b) > 0;
+  uint4 ov[N], ev[N][KT];
+  float w[KT];
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    v[j] = load16(x + col(j));
+    ov[j] = load16(o + col(j));
+  }
+  // a padding row's loads too (the buffers span every row; no branch around them): its sums are dropped below
+#pragma unroll
+  for (int k = 0; k < KT; ++k) {
+    w[k] = topk_w[k];
+#pragma unroll
+    for (int j = 0; j < N; ++j) ev[j][k] = load16(eout + (long long)k * abi::kHidden + col(j));
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    float acc[8] = {};
+#pragma unroll
+    for (int k = 0; k < KT; ++k) {
+      float e[8];
+      unpack8(ev[j][k], e);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += w[k] * e[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = live ? acc[i] : 0.f;
+    v[j] = residual_add8(v[j], ov[j], pack8(acc));
+    ss += sumsq8(v[j]);
+  }
+  return ss;
+}
+
 struct NormScratch {
   float sumsq[kConsumerWarps][kMaxRegisterRows];
 };
@@ -161,23 +206,52 @@ __device__ bool hidden_gemm(Consumer& c, const Task& t, bool norm, int R, float*
   return gemm_task<abi::kHidden, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_HN), abi::kHidden, B}, B, R, part);
 }
 
-// NORM: one warp per batch row of the task's chunk (at most kConsumerWarps rows).
+// NORM: row_warps (1 or all 8) consumer warps per batch row of the task's rows (8 rows, or one). With 8 a
+// warp takes an eighth of the row's columns and the warps add their sums of squares through shared memory
+// (in warp order) after one consumer_sync, which every consumer warp reaches: the moe form's 8 expert
+// vectors for each of a lane's column vectors stay in registers at one vector a lane, not at eight.
 struct NormOp {
-  struct Shared {};
+  struct Shared {
+    float sumsq[kConsumerWarps];
+  };
   static __device__ bool load(Producer&, const Task&) { return true; }
-  static __device__ bool compute(Consumer& c, const Task& t, Shared&) {
-    const int b = t[abi::F_NORM_ROW0] + c.warp;
-    if (c.warp >= t[abi::F_NORM_ROWS]) return true;
-    const int layer = t.layer();
-    const bool final = t[abi::F_NORM_FINAL] != 0;
-    constexpr int kPerLane = abi::kHidden / (32 * 8);  // 16-byte vectors per lane
-    const auto col = [&](int j) { return (j * 32 + c.lane) * 8; };
+  static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
+    return t[abi::F_NORM_ROW_WARPS] == kConsumerWarps ? rows<kConsumerWarps>(c, t, sh) : rows<1>(c, t, sh);
+  }
+
+  template <int RW>
+  static __device__ bool rows(Consumer& c, const Task& t, Shared& sh) {
+    static_assert(kConsumerWarps % RW == 0, "a row's warps divide the consumer warps");
+    constexpr int kPerLane = abi::kHidden / (32 * 8 * RW);  // 16-byte vectors per lane
+    const int r = c.warp / RW, part = c.warp % RW;
+    const bool mine = r < t[abi::F_NORM_ROWS];
+    if (RW == 1 && !mine) return true;  // no barrier below to keep the warp for
+    const int b = t[abi::F_NORM_ROW0] + r, layer = t.layer();
+    const bool final = t[abi::F_NORM_FINAL] != 0, moe = RW > 1 && t[abi::F_NORM_MOE] != 0;
+    const auto col = [&](int j) { return ((part * kPerLane + j) * 32 + c.lane) * 8; };
     const bf16* w = final ? c.st.ptr<const bf16>(abi::S_FINAL_NORM) : t.ly.ptr<const bf16>(abi::L_NORM_W);
     uint4 v[kPerLane], wv[kPerLane];
+    float ss = 0.f;
+    if (mine) {
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) wv[j] = __ldg(reinterpret_cast<const uint4*>(w + col(j)));
-    const float ss = residual_vectors<kPerLane>(c.st, layer, b, col, v);
-    const float inv = rsqrtf(warp_sum(ss) / abi::kHidden + (float)c.st.f64(abi::S_EPS_F64));
+      for (int j = 0; j < kPerLane; ++j) wv[j] = __ldg(reinterpret_cast<const uint4*>(w + col(j)));
+      // the moe form only at 8 warps a row (the schedule pairs them): at fewer its vectors a lane spill
+      if constexpr (RW > 1)
+        ss = moe ? residual_vectors_moe<kPerLane>(c.st, layer, b, col, v)
+                 : residual_vectors<kPerLane>(c.st, layer, b, col, v);
+      else
+        ss = residual_vectors<kPerLane>(c.st, layer, b, col, v);
+    }
+    ss = warp_sum(ss);
+    if (RW > 1) {
+      if (c.lane == 0) sh.sumsq[c.warp] = ss;
+      consumer_sync();
+      ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < RW; ++i) ss += sh.sumsq[r * RW + i];
+    }
+    if (!mine) return true;
+    const float inv = rsqrtf(ss / abi::kHidden + (float)c.st.f64(abi::S_EPS_F64));
     bf16* dst = c.st.ptr<bf16>(final ? abi::S_OUT : abi::S_HN) + (long long)b * abi::kHidden;
     bf16* x = c.st.x(layer) + (long long)b * abi::kHidden;
     const bool zero = final && c.st.seq_len(b) == 0;  // padding rows return zeros

@@ -346,32 +346,61 @@ def test_attention_alone_schedule_matches_the_reference_attention(dims, weights,
         torch.testing.assert_close(numerics.attn[r].view(hq, d), want, atol=1e-5, rtol=1e-5)
 
 
+def step_at_batch_19(dims, weights, **shape):
+    """The reference's and the simulated schedule's step at batch 19 (the norm wave and the grouped GEMMs;
+    ragged histories, the last row padding), the schedule built with ``shape``'s choices."""
+    batch = 19
+    gen = torch.Generator().manual_seed(7)
+    lengths = [1, 5, 9, 2] * 4 + [3, 7]
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=3)
+    for step in range(max(lengths)):
+        toks = [int(torch.randint(0, dims.vocab, (1,), generator=gen)) if step < n else None for n in lengths]
+        ref.decode_step(dims, weights, sim.step(toks + [None]))
+    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths] + [None])
+    ref_inp, mk_inp = clone_inputs(inp), clone_inputs(inp)
+    expected = ref.decode_step(dims, weights, ref_inp)
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=7, attn_splits=2, attn_min_tiles=1, **shape),
+                           *weights.intermediates())
+    got = simulate.decode_step(sched, weights, mk_inp, order="random", seed=5)
+    return sched, got, expected
+
+
 def test_moe_combine_in_narrower_column_tasks_runs_the_same_step_race_free(dims, weights):
     """moe_combine_cols (a kernel_profile schedule choice): the MoE combine split into tasks of fewer
     hidden columns signals the same barrier from more tasks; the step matches the reference and no access
     is left unordered. A width that is not a multiple of the region unit, or does not divide the hidden
     size, is refused."""
-    batch = 19  # the norm wave and the grouped GEMMs
-    gen = torch.Generator().manual_seed(7)
-    lengths = [1, 5, 9, 2] * 5
-    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=3)
-    for step in range(max(lengths)):
-        toks = [int(torch.randint(0, dims.vocab, (1,), generator=gen)) if step < n else None for n in lengths]
-        ref.decode_step(dims, weights, sim.step(toks[:batch]))
-    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in range(batch)])
-    ref_inp, mk_inp = clone_inputs(inp), clone_inputs(inp)
-    expected = ref.decode_step(dims, weights, ref_inp)
-    shape = StepShape(batch=batch, num_sms=7, attn_splits=2, attn_min_tiles=1, moe_combine_cols=16)
-    sched = build_schedule(dims, shape, *weights.intermediates())
+    sched, got, expected = step_at_batch_19(dims, weights, moe_combine_cols=16)
     combines = [t for t in sched.tasks if t.op == Op.MOE_COMBINE and t.layer == 1]
     assert len(combines) == dims.hidden // 16
-    got = simulate.decode_step(sched, weights, mk_inp, order="random", seed=5)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     simulate.check_races(sched)
+    shape = sched.shape
     with pytest.raises(ValueError, match="multiple of 16"):
-        StepShape(batch=batch, num_sms=7, moe_combine_cols=24)
+        StepShape(batch=19, num_sms=7, moe_combine_cols=24)
     with pytest.raises(ValueError, match="MOE_COMBINE width"):
         build_schedule(dims, dataclasses.replace(shape, moe_combine_cols=48), *weights.intermediates())
+
+
+def test_moe_combine_folded_into_the_next_norm_runs_the_same_step_race_free(dims, weights):
+    """combine_in_norm: no MOE_COMBINE task is left; the norm after a MoE layer (and the final norm) waits
+    on that layer's down wave and O projection, reads the expert outputs and their weights instead of mlp,
+    one batch row a task on all consumer warps; the step matches the reference and is race-free. Refused
+    where the norm is folded into its readers (no norm wave to fold the combine into)."""
+    sched, got, expected = step_at_batch_19(dims, weights, combine_in_norm=True)
+    assert not [t for t in sched.tasks if t.op == Op.MOE_COMBINE]
+    names = {i: bar.name for i, bar in enumerate(sched.barriers)}
+    for layer in range(1, dims.num_layers + 1):
+        norms = [t for t in sched.tasks if t.op == Op.NORM and t.layer == layer]
+        assert len(norms) == 19 and all(t.fields["rows"] == 1 and t.fields["row_warps"] == 8 for t in norms)
+        moe = not dims.dense[layer - 1]
+        assert all(t.fields["moe"] == int(moe) for t in norms)
+        waits = {names[w] for w in norms[0].waits}
+        assert waits == {f"L{layer - 1}.o_proj", f"L{layer - 1}." + ("moe_down" if moe else "mlp")}
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    simulate.check_races(sched)
+    with pytest.raises(ValueError, match="combine_in_norm needs a norm wave"):
+        build_schedule(dims, StepShape(batch=8, num_sms=7, combine_in_norm=True), *weights.intermediates())
 
 
 def test_combine_tasks_take_at_most_eight_heads():

@@ -37,7 +37,7 @@ def compare(got, expected, live):
 
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
-             bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=()):
+             bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=False):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN."""
     from vllm_megakernel import reference as ref
@@ -58,7 +58,7 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
     mk_inp = dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=min_tiles,
                                            expert_claims=expert_claims, deal=deal, o_within_down=o_within_down,
-                                           tiles=tiles),
+                                           tiles=tiles, combine_in_norm=combine_in_norm),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -124,6 +124,18 @@ def test_wide_step_matches_reference(wide, batch, lengths, splits):
     dims, w = wide
     (cos, err), _ = one_step(dims, w, lengths, batch, splits)
     print(f"batch {batch}: min cosine {cos:.6f}, max rel err {err:.4f}")
+
+
+@pytest.mark.parametrize("batch, lengths", [
+    (17, [int(x) for x in torch.randint(1, 9000, (15,), generator=torch.Generator().manual_seed(5))]),
+    (64, [int(x) for x in torch.randint(1, 3000, (61,), generator=torch.Generator().manual_seed(6))]),
+])
+def test_moe_combine_folded_into_the_norm_matches_reference(wide, batch, lengths):
+    """combine_in_norm (a schedule choice from batch 17): each NORM task sums one row's expert outputs
+    itself on all eight consumer warps; padding rows included."""
+    dims, w = wide
+    (cos, err), _ = one_step(dims, w, lengths, batch, 4, combine_in_norm=True)
+    print(f"batch {batch}, combine in norm: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
 def test_expert_tasks_where_they_were_dealt_match_reference(wide):

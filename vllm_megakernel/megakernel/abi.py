@@ -21,14 +21,15 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 TASK_WORDS = 32
 NO_BARRIER = -1
 
 
 class Op(enum.IntEnum):
     END = 0  # terminates an SM's task list
-    NORM = 1  # rows of x_l = residual (embedding on layer 0), hn = rmsnorm(x_l); final=1: out = final norm
+    NORM = 1  # rows of x_l = residual (embedding on layer 0), hn = rmsnorm(x_l); final=1: out = final norm;
+    #           moe=1: the previous layer's MoE combine folded in (its mlp rows from expert_out and topk_w)
     QKV_ROPE = 2  # rows of [q;k;v] = hn @ Wqkv^T, RoPE where the layer has it; q -> qbuf, k/v -> paged cache
     ROUTER = 3  # expert rows of scores = sigmoid(hn @ Wr^T)
     ROUTER_TOPK = 4  # top-k of the layer's scores per row, their weights, and the expert work list (route)
@@ -57,7 +58,11 @@ HEADER_FIELDS = (
     "load_wait_count",
 )
 
-# Op-specific fields, in word order after the header. ``norm`` = 1: the task folds the layer's RMSNorm
+# Op-specific fields, in word order after the header. NORM: ``row_warps`` consumer warps share each row (1
+# or 4; the task's rows are at most 8 / row_warps); ``moe`` = 1: the previous layer is a MoE layer whose
+# MOE_COMBINE wave is folded into this norm (StepShape.combine_in_norm): each row's mlp vectors are summed
+# from expert_out and topk_w as MOE_COMBINE would (same order, fp32, rounded once) instead of read from mlp,
+# which nothing writes then. ``norm`` = 1: the task folds the layer's RMSNorm
 # into its activation load (reads the residual stream, not hn); ``write_x`` / ``write_hn`` = 1 on the one
 # task of the wave that also stores x_l / hn for the rest of the layer.
 #
@@ -85,7 +90,7 @@ ROUTED_PAIR_WORDS = 16
 ROUTED_FIELDS = ("expert", "count") + tuple(f"pair{i}" for i in range(ROUTED_PAIR_WORDS))
 OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.END: (),
-    Op.NORM: ("row0", "rows", "final"),
+    Op.NORM: ("row0", "rows", "final", "moe", "row_warps"),
     Op.QKV_ROPE: ("row0", "rows", "norm", "write_x"),
     Op.ROUTER: ("row0", "rows", "norm", "write_hn"),
     Op.ROUTER_TOPK: ("down_barrier", "down_tiles"),

@@ -93,7 +93,10 @@ class StepShape:
     layer's down-wave places instead of after all of them; 0 keeps the wave order's place; None, the
     default, takes layout.o_within_down_for the batch where the order allows it, else 0), the hidden
     columns of a MOE_COMBINE task (``moe_combine_cols``, a multiple of UNIT dividing the hidden size; 0:
-    COMBINE_COLS), and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
+    COMBINE_COLS), whether a MoE layer's combine is folded into the next norm (``combine_in_norm``: no
+    MOE_COMBINE wave; the NORM tasks, one batch row each with all consumer warps on it, sum each row's
+    expert outputs themselves; only where the norm is a wave of its own), and how tasks are dealt to SMs
+    (``deal``): round-robin in task order restarting at SM 0 on every
     layer ("by_layer"), so that a layer's router tasks and top-k run on the same SMs every layer and its
     qkv tasks on the SMs after them, or round-robin over the whole step ("continuous"). Dealt by layer,
     the router and top-k code stays in those SMs' instruction caches: router tasks 11.0 -> 9.0 us and
@@ -112,6 +115,7 @@ class StepShape:
     o_within_down: float | None = None
     deal: str = "by_layer"
     moe_combine_cols: int = 0
+    combine_in_norm: bool = False
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -277,28 +281,42 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     B, S = shape.batch, shape.attn_splits
     tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, B, dict(shape.tiles))
     fold = layout.fold_norm(B) if shape.norm == "auto" else shape.norm == "fold"
+    if shape.combine_in_norm and fold:
+        raise ValueError(f"combine_in_norm needs a norm wave: batch {B} folds the norm into its readers "
+                         f"(norm={shape.norm!r})")
     slots = layout.moe_slots(dims, B)
     heads_per_combine = _heads_per_combine(dims, shape)
-    chunks = range(-(-B // layout.NORM_ROWS))  # row chunks of x / hn (NORM tasks, region units)
+    # row chunks of x / hn (NORM tasks, region units): NORM_ROWS rows, a warp each, or one row on every
+    # consumer warp where the MoE combine is folded in (csrc NormOp's row_warps)
+    norm_rows = 1 if shape.combine_in_norm else layout.NORM_ROWS
+    row_warps = layout.NORM_ROWS // norm_rows
+    chunks = range(-(-B // norm_rows))
     qkv_rows = (hq + 2 * hkv) * D
 
     b = _Builder()
     prev_o = prev_mlp = None
 
+    def moe_in_norm(layer: int) -> bool:
+        """Layer ``layer``'s norm sums the previous (MoE) layer's expert outputs: no MOE_COMBINE wave there."""
+        return shape.combine_in_norm and layer > 0 and not dims.dense[layer - 1]
+
     def residual_reads(layer: int) -> tuple[Region, ...]:
         if layer == 0:
             return (("embed",),)
         pp = (layer - 1) % 2
+        if moe_in_norm(layer):
+            return (("x", pp), ("o", pp), ("topk_w",), ("eout",))
         return (("x", pp), ("o", pp), ("mlp", pp))
 
     def norm_wave(layer: int, final: bool, wave: str, signal: int) -> None:
         p = layer % 2
         waits = () if layer == 0 else (prev_o, prev_mlp)
         for c in chunks:
-            rows = min(layout.NORM_ROWS, B - c * layout.NORM_ROWS)
+            rows = min(norm_rows, B - c * norm_rows)
             writes = (("x", p, c), ("out", c) if final else ("hn", c))
             b.task(Op.NORM, layer, wave, waits=waits, signal=signal, reads=residual_reads(layer), writes=writes,
-                   row0=c * layout.NORM_ROWS, rows=rows, final=int(final))
+                   row0=c * norm_rows, rows=rows, final=int(final), moe=int(moe_in_norm(layer)),
+                   row_warps=row_warps)
 
     order = WAVE_ORDERS[shape.order]
     for layer in range(dims.num_layers):
@@ -362,7 +380,8 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                            claim=claim)
 
         def down_wave():
-            bar["mlp"] = b.barrier(f"{L}.mlp")
+            if dense or not moe_in_norm(layer + 1):
+                bar["mlp"] = b.barrier(f"{L}.mlp")
             if dense:
                 n = tiles.dense_down_rows
                 for t in range(H // n):
@@ -388,6 +407,9 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                        writes=_units("o", p, t * n, n), row0=t * n, rows=n)
 
         def moe_combine_wave():
+            if moe_in_norm(layer + 1):  # the next norm sums the expert outputs: it waits on the down wave
+                bar["mlp"] = bar["down"]
+                return
             for t in range(H // combine_cols):
                 b.task(Op.MOE_COMBINE, layer, "moe_combine", waits=(bar["down"],), signal=bar["mlp"],
                        reads=(("route",), ("topk_w",), ("eout",)),

@@ -433,22 +433,35 @@ class Numerics:
         getattr(self, task.op.name.lower())(task.layer, **fields)
 
     # -- the residual stream and its norm
-    def _residual(self, layer: int) -> torch.Tensor:
+    def _residual(self, layer: int, moe: int = 0) -> torch.Tensor:
         """x_l: the embedding on layer 0, else (x + attn) + mlp of the previous layer, in the order vLLM adds
-        (bf16 rounding after each add)."""
+        (bf16 rounding after each add); ``moe``: that mlp summed here from the expert outputs (a NORM task
+        with the previous layer's MoE combine folded in), not read from the mlp buffer."""
         if layer == 0:
             return self.w.embed[self.inp.input_ids.long()]
         pp = (layer - 1) % 2
-        return self.x[pp] + self.o[pp] + self.mlp[pp]
+        return self.x[pp] + self.o[pp] + (self._combined() if moe else self.mlp[pp])
+
+    def _combined(self, cols: slice = slice(None)) -> torch.Tensor:
+        """The MoE combine's rows: sum_k topk_w[r, k] * eout[r * K + k] in fp32, rounded once; zero for a
+        padding row (not routed)."""
+        K = self.dims.top_k
+        width = self.eout[0, cols].numel()
+        acc = torch.zeros((self.mlp.shape[1], width), dtype=torch.float32, device=self.mlp.device)
+        for r in range(acc.shape[0]):
+            if self.live[r]:
+                for k in range(K):
+                    acc[r] += self.topk_w[r, k] * self.eout[r * K + k, cols].float()
+        return acc.to(self.mlp.dtype)
 
     def _normed(self, layer: int, fold: int) -> torch.Tensor:
         if not fold:
             return self.hn
         return rms_norm(self._residual(layer), self.w.layers[layer].norm, self.dims.eps)
 
-    def norm(self, layer: int, row0: int, rows: int, final: int) -> None:
+    def norm(self, layer: int, row0: int, rows: int, final: int, moe: int, row_warps: int) -> None:
         r = slice(row0, row0 + rows)
-        x = self._residual(layer)[r]
+        x = self._residual(layer, moe)[r]
         self.x[layer % 2, r] = x
         if final:
             out = rms_norm(x, self.w.final_norm, self.dims.eps)
@@ -594,13 +607,8 @@ class Numerics:
         self.eout[token_rows, row0:row0 + rows] = self.act[token_rows] @ w2.t()
 
     def moe_combine(self, layer: int, col0: int, cols: int) -> None:
-        c, K = slice(col0, col0 + cols), self.dims.top_k
-        acc = torch.zeros((self.mlp.shape[1], cols), dtype=torch.float32, device=self.mlp.device)
-        for r in range(acc.shape[0]):
-            if self.live[r]:
-                for k in range(K):
-                    acc[r] += self.topk_w[r, k] * self.eout[r * K + k, c].float()
-        self.mlp[layer % 2, :, c] = acc.to(self.mlp.dtype)
+        c = slice(col0, col0 + cols)
+        self.mlp[layer % 2, :, c] = self._combined(c)
 
 
 def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
