@@ -290,6 +290,18 @@ def main(argv=None) -> None:
     schedules = [s.strip() for s in args.schedules.split(";")]
     for s in schedules:
         parse_schedule(s)  # a typo fails before minutes of GPU work
+    def write(rows: list[dict]) -> str:
+        """report.md and profile.json of the rows so far: rewritten after every row, so that a run stopped by
+        a time limit keeps what it measured (session L lost a call's report that way)."""
+        rows = [{k: v for k, v in r.items() if k != "task_trace"} for r in rows]
+        text = report(rows, bandwidth, config)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "report.md").write_text(text)
+            (args.out / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": bandwidth, "config": config,
+                                                               "results": rows}, indent=1))
+        return text
+
     pad = None
     for placement in range(args.placements):
         if placement:  # the same weights again, at other addresses: a pad of a new size goes in first
@@ -305,19 +317,15 @@ def main(argv=None) -> None:
                     results[-1]["placement"] = placement
                 print(f"batch {b}, schedule {row_label(results[-1])}: {results[-1]['step_us_median']:.0f} us per "
                       f"step; SM clock {clock_text(results[-1])}", flush=True)
+                write(results)
                 torch.cuda.empty_cache()
     del pad
     traces = [r.pop("task_trace") for r in results]
     traces = [t for t, r in zip(traces, results)  # the first schedule's, on the first placement
               if r["schedule"] == schedules[0] and not r.get("placement")]
-    text = report(results, bandwidth, config)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.md").write_text(text)
-        (args.out / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": bandwidth, "config": config,
-                                                           "results": results}, indent=1))
-        if args.save_traces:
-            torch.save(traces, args.out / "traces.pt")
+    text = write(results)
+    if args.out and args.save_traces:
+        torch.save(traces, args.out / "traces.pt")
     print(text)
 
 
