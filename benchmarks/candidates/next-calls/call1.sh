@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session M, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main and variants/ with base.so,
+# pk.so, prg.so, prgt.so; see ../README.md): main's kernel tests (the combine_in_norm step at batch 17 and 64
+# among them; ABI 9's first GPU run) and memcheck / synccheck; prgt's kernel tests (its packed GEMM loop is pk's
+# and prg's; pk alone is not run through them); then base against prgt at batch 64 and 32, each with the MoE
+# combine folded into the norm (schedule choice) against its default, prgt also with 128 QKV tasks of 40 rows.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+res=$OUT/r; mkdir -p $res
+start=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
+python3 -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code /tmp/nmc-5l --seed 1 --num-layers 5 > $res/ckpt.log 2>&1
+export MEGAKERNEL_TEST_CHECKPOINT=/tmp/nmc-5l
+so=$(ls vllm_megakernel/_C*.so); cp $so /tmp/main.so
+tests() {
+  timeout 100 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py tests/gpu/test_each_opcode.py \
+    > $res/tests-$1.txt 2>&1; echo "$1 tests rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/tests-$1.txt
+}
+tests main
+timeout 60 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_sanitizer.py -k "memcheck or synccheck" \
+  > $res/sanitizer-main.txt 2>&1; echo "main sanitizer rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/sanitizer-main.txt
+cp variants/prgt.so $so; tests prgt
+# batch 64, then 32, kernel alone, one process per (kernel, batch) so that a time limit loses one report: main
+# with the MoE combine folded into the norm against its default; prgt likewise, and with 128 QKV tasks of 40
+# rows on top (5-stage tasks: the packed loop makes each stage cheaper to spread over the idle SMs)
+for b in 64 32; do
+  for v in base prgt; do
+    cp variants/$v.so $so
+    sched="default;combine_in_norm=1;default"
+    [ $v = prgt ] && sched="default;combine_in_norm=1;combine_in_norm=1,qkv_rows=40;default"
+    timeout $(( 585 - ($(date +%s) - start) )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
+      --batch-sizes $b --iters 5 --schedules "$sched" --out $res/$v-$b > $res/$v-$b.log 2>&1
+    echo "$v batch $b rc=$? ($(( $(date +%s) - start )) s)"; grep -h "us per step" $res/$v-$b.log
+  done
+done
+cp /tmp/main.so $so
+cd $OUT && tar czf r.tgz r && rm -rf r
