@@ -401,6 +401,12 @@ def test_moe_combine_folded_into_the_next_norm_runs_the_same_step_race_free(dims
     simulate.check_races(sched)
     with pytest.raises(ValueError, match="combine_in_norm needs a norm wave"):
         build_schedule(dims, StepShape(batch=8, num_sms=7, combine_in_norm=True), *weights.intermediates())
+    # a NORM form the kernel does not have (it would run it wrong, not refuse it) fails in the simulator
+    sim = PagedKVSim(dims, num_requests=19, max_len=4, block_size=4, seed=1)
+    numerics = simulate.Numerics(sched, weights, sim.step([1] * 19))
+    for rows, row_warps, moe in ((2, 8, 1), (1, 4, 1), (8, 1, 1)):
+        with pytest.raises(ValueError, match="has no kernel form"):
+            numerics.norm(1, 0, rows, 0, moe, row_warps)
 
 
 def test_combine_tasks_take_at_most_eight_heads():

@@ -58,8 +58,9 @@ HEADER_FIELDS = (
     "load_wait_count",
 )
 
-# Op-specific fields, in word order after the header. NORM: ``row_warps`` consumer warps share each row (1
-# or 4; the task's rows are at most 8 / row_warps); ``moe`` = 1: the previous layer is a MoE layer whose
+# Op-specific fields, in word order after the header. NORM: ``row_warps`` consumer warps share each row (1,
+# a task of up to 8 rows, or 8, a task of one row; csrc NormOp has no other form); ``moe`` = 1 (only with 8
+# warps a row): the previous layer is a MoE layer whose
 # MOE_COMBINE wave is folded into this norm (StepShape.combine_in_norm): each row's mlp vectors are summed
 # from expert_out and topk_w as MOE_COMBINE would (same order, fp32, rounded once) instead of read from mlp,
 # which nothing writes then. ``norm`` = 1: the task folds the layer's RMSNorm
