@@ -30,7 +30,7 @@ ATTENTION_WAVES = ("attn_partial", "attn_combine")
 
 
 SHAPE_KEYS = ("attn_splits", "attn_min_tiles", "combine_heads", "norm", "order", "expert_claims", "o_within_down",
-              "deal", "moe_combine_cols", "combine_in_norm")
+              "deal", "moe_combine_cols", "combine_in_norm", "qkv_batch_split")
 SHAPE_VALUE = {"norm": str, "order": str, "deal": str, "expert_claims": lambda v: bool(int(v)),
                "combine_in_norm": lambda v: bool(int(v)),
                "o_within_down": float}  # the rest: ints

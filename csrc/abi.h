@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 9;
+constexpr int kAbiVersion = 10;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -65,6 +65,8 @@ constexpr int F_QKV_ROPE_ROW0 = 10;
 constexpr int F_QKV_ROPE_ROWS = 11;
 constexpr int F_QKV_ROPE_NORM = 12;
 constexpr int F_QKV_ROPE_WRITE_X = 13;
+constexpr int F_QKV_ROPE_BATCH0 = 14;
+constexpr int F_QKV_ROPE_BATCH_ROWS = 15;
 // ROUTER
 constexpr int F_ROUTER_ROW0 = 10;
 constexpr int F_ROUTER_ROWS = 11;

@@ -1,6 +1,8 @@
 // QKV_ROPE: rows [row0, row0 + rows) of [q;k;v] = hn @ Wqkv^T for every batch row, then interleaved (GPT-J)
 // RoPE on q and k rows where the layer has it; q goes to the workspace, k and v straight into vLLM's paged
-// cache at the row's slot (slot -1 = padding row: nothing is written). A tile never splits a RoPE pair
+// cache at the row's slot (slot -1 = padding row: nothing is written). A task with batch_rows > 0 does this
+// for batch rows [batch0, batch0 + batch_rows) only (StepShape.qkv_batch_split: more, shorter tasks where the
+// grouped GEMM's cost grows with the rows). A tile never splits a RoPE pair
 // (pairs are (2i, 2i+1) of a head and tiles start on even rows). The GEMM output is rounded to bf16 before
 // RoPE, like vLLM's linear layer output.
 #pragma once
@@ -23,9 +25,15 @@ struct QkvRopeOp {
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
     const int layer = t.layer(), row0 = t[abi::F_QKV_ROPE_ROW0], R = t[abi::F_QKV_ROPE_ROWS];
-    const int B = c.st.batch(), bp = padded_rows(B);
-    bf16* store_x = t[abi::F_QKV_ROPE_WRITE_X] ? c.st.x(layer) : nullptr;
-    if (!hidden_gemm<RS>(c, t, t[abi::F_QKV_ROPE_NORM] != 0, R, sh.part, sh.norm, store_x, nullptr)) return false;
+    const int b0 = t[abi::F_QKV_ROPE_BATCH0], split = t[abi::F_QKV_ROPE_BATCH_ROWS];
+    const int B = split ? split : c.st.batch(), bp = padded_rows(B);  // this task's batch rows: b0 + [0, B)
+    if (split) {  // a slice of the rows of hn (the schedule never folds the norm into a split task)
+      const DenseRows rows{c.st.ptr<const bf16>(abi::S_HN) + (long long)b0 * K, K, B};
+      if (!gemm_task<K, RS>(c, rows, B, R, sh.part)) return false;
+    } else {
+      bf16* store_x = t[abi::F_QKV_ROPE_WRITE_X] ? c.st.x(layer) : nullptr;
+      if (!hidden_gemm<RS>(c, t, t[abi::F_QKV_ROPE_NORM] != 0, R, sh.part, sh.norm, store_x, nullptr)) return false;
+    }
 
     constexpr int D = abi::kHeadDim, Hq = abi::kNumHeads, Hkv = abi::kNumKvHeads;
     const bool rope = t.ly.i(abi::L_ROPE) != 0;
@@ -38,10 +46,10 @@ struct QkvRopeOp {
     const long long s_block = t.ly.i(abi::L_KV_STRIDE_BLOCK), s_kv = t.ly.i(abi::L_KV_STRIDE_KV),
                     s_tok = t.ly.i(abi::L_KV_STRIDE_TOKEN), s_head = t.ly.i(abi::L_KV_STRIDE_HEAD);
     for (int idx = c.thread; idx < (R / 2) * B; idx += kConsumerThreads) {
-      const int pr = idx / B, b = idx % B;
+      const int pr = idx / B, i = idx % B, b = b0 + i;  // i: the task's row, b: the batch's
       const int n = row0 + 2 * pr, head = n / D, d = n % D;
-      float v0 = round_bf16(sh.part[(2 * pr) * bp + b]);
-      float v1 = round_bf16(sh.part[(2 * pr + 1) * bp + b]);
+      float v0 = round_bf16(sh.part[(2 * pr) * bp + i]);
+      float v1 = round_bf16(sh.part[(2 * pr + 1) * bp + i]);
       if (rope && head < Hq + Hkv) {
         const float inv_freq = 1.f / powf(theta, (float)d / D);  // theta^(-2i/D) for the pair i = d / 2
         float s, co;

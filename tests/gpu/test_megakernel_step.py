@@ -37,7 +37,8 @@ def compare(got, expected, live):
 
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
-             bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=False):
+             bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=False,
+             qkv_batch_split=1):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN."""
     from vllm_megakernel import reference as ref
@@ -58,7 +59,8 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
     mk_inp = dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=min_tiles,
                                            expert_claims=expert_claims, deal=deal, o_within_down=o_within_down,
-                                           tiles=tiles, combine_in_norm=combine_in_norm),
+                                           tiles=tiles, combine_in_norm=combine_in_norm,
+                                           qkv_batch_split=qkv_batch_split),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -136,6 +138,15 @@ def test_moe_combine_folded_into_the_norm_matches_reference(wide, batch, lengths
     dims, w = wide
     (cos, err), _ = one_step(dims, w, lengths, batch, 4, combine_in_norm=True)
     print(f"batch {batch}, combine in norm: min cosine {cos:.6f}, max rel err {err:.4f}")
+
+
+def test_qkv_split_by_batch_rows_matches_reference(wide):
+    """qkv_batch_split=2 with 80-row QKV tiles at batch 64 (128 tasks of 32 batch rows; 3 padding rows in the
+    second slice): each task's q and new K/V rows land where the reference puts them."""
+    dims, w = wide
+    lengths = [int(x) for x in torch.randint(1, 3000, (61,), generator=torch.Generator().manual_seed(7))]
+    (cos, err), _ = one_step(dims, w, lengths, 64, 4, qkv_batch_split=2, tiles=(("qkv_rows", 80),))
+    print(f"batch 64, QKV in two batch slices: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
 def test_expert_tasks_where_they_were_dealt_match_reference(wide):

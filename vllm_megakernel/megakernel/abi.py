@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -60,10 +60,11 @@ HEADER_FIELDS = (
 
 # Op-specific fields, in word order after the header. NORM: ``row_warps`` consumer warps share each row (1,
 # a task of up to 8 rows, or 8, a task of one row; csrc NormOp has no other form); ``moe`` = 1 (only with 8
-# warps a row): the previous layer is a MoE layer whose
-# MOE_COMBINE wave is folded into this norm (StepShape.combine_in_norm): each row's mlp vectors are summed
-# from expert_out and topk_w as MOE_COMBINE would (same order, fp32, rounded once) instead of read from mlp,
-# which nothing writes then. ``norm`` = 1: the task folds the layer's RMSNorm
+# warps a row): the previous layer is a MoE layer whose MOE_COMBINE wave is folded into this norm
+# (StepShape.combine_in_norm): each row's mlp vectors are summed from expert_out and topk_w as MOE_COMBINE
+# would (same order, fp32, rounded once) instead of read from mlp, which nothing writes then. QKV_ROPE:
+# ``batch_rows`` > 0: the task computes only batch rows [batch0, batch0 + batch_rows) (StepShape.
+# qkv_batch_split; never with ``norm``); 0: every row. ``norm`` = 1: the task folds the layer's RMSNorm
 # into its activation load (reads the residual stream, not hn); ``write_x`` / ``write_hn`` = 1 on the one
 # task of the wave that also stores x_l / hn for the rest of the layer.
 #
@@ -92,7 +93,7 @@ ROUTED_FIELDS = ("expert", "count") + tuple(f"pair{i}" for i in range(ROUTED_PAI
 OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.END: (),
     Op.NORM: ("row0", "rows", "final", "moe", "row_warps"),
-    Op.QKV_ROPE: ("row0", "rows", "norm", "write_x"),
+    Op.QKV_ROPE: ("row0", "rows", "norm", "write_x", "batch0", "batch_rows"),
     Op.ROUTER: ("row0", "rows", "norm", "write_hn"),
     Op.ROUTER_TOPK: ("down_barrier", "down_tiles"),
     Op.ATTN_PARTIAL: ("request", "split"),

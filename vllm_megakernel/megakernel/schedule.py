@@ -95,8 +95,9 @@ class StepShape:
     columns of a MOE_COMBINE task (``moe_combine_cols``, a multiple of UNIT dividing the hidden size; 0:
     COMBINE_COLS), whether a MoE layer's combine is folded into the next norm (``combine_in_norm``: no
     MOE_COMBINE wave; the NORM tasks, one batch row each with all consumer warps on it, sum each row's
-    expert outputs themselves; only where the norm is a wave of its own), and how tasks are dealt to SMs
-    (``deal``): round-robin in task order restarting at SM 0 on every
+    expert outputs themselves; only where the norm is a wave of its own), into how many batch-row slices
+    each QKV tile is split (``qkv_batch_split``: a task per tile and slice, where the grouped GEMM's time
+    grows with the rows; only where the norm is a wave), and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
     layer ("by_layer"), so that a layer's router tasks and top-k run on the same SMs every layer and its
     qkv tasks on the SMs after them, or round-robin over the whole step ("continuous"). Dealt by layer,
     the router and top-k code stays in those SMs' instruction caches: router tasks 11.0 -> 9.0 us and
@@ -116,6 +117,7 @@ class StepShape:
     deal: str = "by_layer"
     moe_combine_cols: int = 0
     combine_in_norm: bool = False
+    qkv_batch_split: int = 1
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -124,6 +126,8 @@ class StepShape:
             raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
         if self.deal not in DEALS:
             raise ValueError(f"deal={self.deal!r}: one of {DEALS}")
+        if not 1 <= self.qkv_batch_split <= self.batch:
+            raise ValueError(f"qkv_batch_split={self.qkv_batch_split}: 1 to the batch ({self.batch})")
         if self.moe_combine_cols < 0 or self.moe_combine_cols % UNIT:
             raise ValueError(f"moe_combine_cols={self.moe_combine_cols}: a multiple of {UNIT} (0: {COMBINE_COLS})")
         waves = WAVE_ORDERS[self.order]
@@ -284,6 +288,13 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     if shape.combine_in_norm and fold:
         raise ValueError(f"combine_in_norm needs a norm wave: batch {B} folds the norm into its readers "
                          f"(norm={shape.norm!r})")
+    if shape.qkv_batch_split > 1 and fold:
+        raise ValueError(f"qkv_batch_split needs a norm wave: batch {B} folds the norm into its readers "
+                         f"(norm={shape.norm!r})")
+    # the QKV tasks' batch-row slices: (first row, rows) each; (0, 0) = every row, the kernel's unsplit form
+    per_slice = -(-B // shape.qkv_batch_split)
+    qkv_slices = [(0, 0)] if shape.qkv_batch_split == 1 else \
+        [(b0, min(per_slice, B - b0)) for b0 in range(0, B, per_slice)]
     slots = layout.moe_slots(dims, B)
     heads_per_combine = _heads_per_combine(dims, shape)
     # row chunks of x / hn (NORM tasks, region units): NORM_ROWS rows, a warp each, or one row on every
@@ -341,15 +352,19 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                        writes=writes, row0=t * tiles.router_rows, rows=tiles.router_rows, norm=int(fold),
                        write_hn=int(fold and t == 0))
 
-        def qkv_wave():  # tiles of rows of [q; k; v]; folded: its first task stores x_l
+        def qkv_wave():  # tiles of rows of [q; k; v] (by batch-row slices when split); folded: its first task stores x_l
             bar["qkv"] = b.barrier(f"{L}.qkv")
             for t in range(qkv_rows // tiles.qkv_rows):
                 r0, r1 = t * tiles.qkv_rows, (t + 1) * tiles.qkv_rows
-                writes = ((("q", t),) if r0 < hq * D else ()) + ((("kv", layer, t),) if r1 > hq * D else ())
-                if fold and t == 0:
-                    writes += tuple(("x", p, c) for c in chunks)
-                b.task(Op.QKV_ROPE, layer, "qkv", waits=in_waits, signal=bar["qkv"], reads=in_reads, writes=writes,
-                       row0=r0, rows=tiles.qkv_rows, norm=int(fold), write_x=int(fold and t == 0))
+                for s, (b0, nb) in enumerate(qkv_slices):
+                    part = (s,) if nb else ()  # the slice's share of the tile's q / kv region
+                    writes = ((("q", t) + part,) if r0 < hq * D else ()) + \
+                        ((("kv", layer, t) + part,) if r1 > hq * D else ())
+                    if fold and t == 0:
+                        writes += tuple(("x", p, c) for c in chunks)
+                    b.task(Op.QKV_ROPE, layer, "qkv", waits=in_waits, signal=bar["qkv"], reads=in_reads,
+                           writes=writes, row0=r0, rows=tiles.qkv_rows, norm=int(fold), write_x=int(fold and t == 0),
+                           batch0=b0, batch_rows=nb)
 
         def topk_wave():  # top-k and the expert work list
             bar["route"] = b.barrier(f"{L}.route")

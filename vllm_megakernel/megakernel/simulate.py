@@ -474,17 +474,21 @@ class Numerics:
             self.hn[r] = rms_norm(x, self.w.layers[layer].norm, self.dims.eps)
 
     # -- attention
-    def qkv_rope(self, layer: int, row0: int, rows: int, norm: int, write_x: int) -> None:
+    def qkv_rope(self, layer: int, row0: int, rows: int, norm: int, write_x: int, batch0: int,
+                 batch_rows: int) -> None:
         dims, d = self.dims, self.dims.head_dim
         if write_x:
             self.x[layer % 2] = self._residual(layer)
-        y = self._normed(layer, norm) @ self.w.layers[layer].qkv[row0:row0 + rows].t()  # [B, rows], bf16
+        if batch_rows and norm:
+            raise ValueError(f"QKV_ROPE layer {layer}: a batch-row slice with the norm folded in has no kernel form")
+        bs_ = slice(batch0, batch0 + batch_rows) if batch_rows else slice(None)  # the task's batch rows
+        y = self._normed(layer, norm)[bs_] @ self.w.layers[layer].qkv[row0:row0 + rows].t()  # [rows of bs_, rows]
         n = torch.arange(row0, row0 + rows, device=y.device)
         hq, hkv = dims.num_heads, dims.num_kv_heads
         if dims.rope[layer]:  # interleaved pairs (2i, 2i+1) of each q and k head turn by position * theta^(-2i/D)
             i = (n % d) // 2
             inv_freq = 1.0 / (dims.rope_theta ** ((2 * i).to(torch.float32) / d))
-            ang = self.inp.positions.to(torch.float32)[:, None] * inv_freq[None, :]
+            ang = self.inp.positions[bs_].to(torch.float32)[:, None] * inv_freq[None, :]
             yf = y.float()
             even, odd = yf[:, 0::2], yf[:, 1::2]
             c, s = ang.cos()[:, 0::2], ang.sin()[:, 0::2]
@@ -492,12 +496,12 @@ class Numerics:
             turned = (n // d < hq + hkv)[None, :]
             y = torch.where(turned, rot.to(y.dtype), y)
         cache = self.inp.kv_caches[layer]
-        slots = self.inp.groups[self.inp.layer_group[layer]].slot_mapping.tolist()
+        slots = self.inp.groups[self.inp.layer_group[layer]].slot_mapping[bs_].tolist()
         bs = cache.shape[2]
         for j, row in enumerate(range(row0, row0 + rows)):
             head, dd = divmod(row, d)
             if head < hq:
-                self.q[:, head, dd] = y[:, j]
+                self.q[bs_, head, dd] = y[:, j]
                 continue
             kv, g = (0, head - hq) if head < hq + hkv else (1, head - hq - hkv)
             for r, slot in enumerate(slots):
