@@ -10,10 +10,11 @@ the bandwidth that is, against the copy bandwidth measured in the same run; then
 of one traced launch, with the bytes each wave must move per layer (every weight and K/V byte once) and
 the bandwidth that gives over the wave's span. This is the tool for deciding what v2 changes; end-to-end
 speed against stock vLLM comes from benchmarks.decode_sweep. --schedules compares schedules in one run:
-each is a comma-separated list of StepShape choices (attn_splits, attn_min_tiles, combine_heads, norm,
-order: a schedule.WAVE_ORDERS name, expert_claims: 0 or 1, o_within_down: a fraction, deal: a schedule.DEALS
-name) and GEMM task sizes (layout.GemmTiles fields), or "default". With --out the report is also written
-there (report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
+each is a comma-separated list of StepShape choices (its fields but batch, num_sms and tiles: attn_splits,
+attn_min_tiles, combine_heads, norm, order: a schedule.WAVE_ORDERS name, expert_claims: 0 or 1, o_within_down:
+a fraction, deal: a schedule.DEALS name, moe_combine_cols, combine_in_norm: 0 or 1, qkv_batch_split) and GEMM
+task sizes (layout.GemmTiles fields), or "default". With --out the report is also written there after every
+row (report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
 schedule's traced launches). Each row also records the SM clock and nvidia-smi's clock-event reasons just
 before and after its timed launches (batch 1 is latency-bound: a lowered clock shows there first).
 """
@@ -29,17 +30,17 @@ from pathlib import Path
 ATTENTION_WAVES = ("attn_partial", "attn_combine")
 
 
-SHAPE_KEYS = ("attn_splits", "attn_min_tiles", "combine_heads", "norm", "order", "expert_claims", "o_within_down",
-              "deal", "moe_combine_cols", "combine_in_norm", "qkv_batch_split")
+# How --schedules reads a StepShape choice's value (the rest: ints); the choices are StepShape's own fields
 SHAPE_VALUE = {"norm": str, "order": str, "deal": str, "expert_claims": lambda v: bool(int(v)),
-               "combine_in_norm": lambda v: bool(int(v)),
-               "o_within_down": float}  # the rest: ints
+               "combine_in_norm": lambda v: bool(int(v)), "o_within_down": float}
 
 
 def parse_schedule(text: str) -> dict:
     """'default' or 'key=value,...' -> StepShape keyword arguments (GEMM tile sizes under ``tiles``)."""
     from vllm_megakernel.megakernel.layout import GemmTiles
+    from vllm_megakernel.megakernel.schedule import StepShape
 
+    shape_keys = [f.name for f in dataclasses.fields(StepShape) if f.name not in ("batch", "num_sms", "tiles")]
     shape: dict = {}
     tiles = []
     if text.strip() in ("", "default"):
@@ -48,12 +49,12 @@ def parse_schedule(text: str) -> dict:
     for item in text.split(","):
         key, _, value = item.partition("=")
         key = key.strip()
-        if key in SHAPE_KEYS:
+        if key in shape_keys:
             shape[key] = SHAPE_VALUE.get(key, int)(value.strip())
         elif key in tile_names:
             tiles.append((key, int(value)))
         else:
-            raise ValueError(f"unknown schedule choice {key!r} (know {SHAPE_KEYS} and {sorted(tile_names)})")
+            raise ValueError(f"unknown schedule choice {key!r} (know {shape_keys} and {sorted(tile_names)})")
     if tiles:
         shape["tiles"] = tuple(tiles)
     return shape

@@ -257,7 +257,8 @@ __device__ __forceinline__ void run_signaller(SharedStorage& S, const Step& st, 
     if (trace) trace[(long long)d[abi::F_TASK_INDEX] * abi::kTraceWords + abi::T_END_NS] = (long long)global_timer_ns();
     arrive_barrier(barriers, d[abi::F_SIGNAL_BARRIER]);
     // The top-k also signals, for every dead slot, the down-wave tiles the producers will skip (abi.py's
-    // routed descriptors): the MoE combine's wait on that barrier counts every tile of every slot. The
+    // routed descriptors): the wait on that barrier (the MoE combine's, or the next NORM's with
+    // combine_in_norm) counts every tile of every slot. The
     // routed count is this task's own output (the consumers' done arrival ordered it before this read). Read
     // after the routing's signal above, so that its round trip to L2 does not delay the expert tasks.
     if (d[abi::F_OPCODE] == abi::OP_ROUTER_TOPK) {

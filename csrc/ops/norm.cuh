@@ -7,7 +7,8 @@
 // fold it into the tasks that read hn (load_normed: each QKV / router / dense up task computes its warp
 // slices of x_l and hn_l itself, one consumer_sync to add up the sum of squares, and one task of the wave
 // stores x_l or hn); larger batches run NORM tasks over row chunks first. NORM with `final` set is the
-// model's final norm (its output rows of padding requests are zeros).
+// model's final norm (its output rows of padding requests are zeros). With StepShape.combine_in_norm a NORM
+// task takes one row on every consumer warp and sums the previous MoE layer's expert outputs itself (moe).
 #pragma once
 
 #include "gemm.cuh"
@@ -222,6 +223,7 @@ struct NormOp {
   template <int RW>
   static __device__ bool rows(Consumer& c, const Task& t, Shared& sh) {
     static_assert(kConsumerWarps % RW == 0, "a row's warps divide the consumer warps");
+    static_assert(abi::kHidden % (32 * 8 * RW) == 0, "a row splits into whole 16-byte vectors per lane");
     constexpr int kPerLane = abi::kHidden / (32 * 8 * RW);  // 16-byte vectors per lane
     const int r = c.warp / RW, part = c.warp % RW;
     const bool mine = r < t[abi::F_NORM_ROWS];

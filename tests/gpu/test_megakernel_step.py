@@ -140,13 +140,15 @@ def test_moe_combine_folded_into_the_norm_matches_reference(wide, batch, lengths
     print(f"batch {batch}, combine in norm: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
-def test_qkv_split_by_batch_rows_matches_reference(wide):
-    """qkv_batch_split=2 with 80-row QKV tiles at batch 64 (128 tasks of 32 batch rows; 3 padding rows in the
-    second slice): each task's q and new K/V rows land where the reference puts them."""
+@pytest.mark.parametrize("batch, live, tiles", [(64, 61, (("qkv_rows", 80),)), (19, 18, ()), (16, 15, ())])
+def test_qkv_split_by_batch_rows_matches_reference(wide, batch, live, tiles):
+    """qkv_batch_split=2: each task's q and new K/V rows land where the reference puts them, through the
+    grouped GEMM form (batch 64: 128 tasks of 32 batch rows with 80-row tiles), the 16-row register form
+    (batch 19: slices of 9 and 10 rows) and the 8-row one (batch 16); the last rows padding."""
     dims, w = wide
-    lengths = [int(x) for x in torch.randint(1, 3000, (61,), generator=torch.Generator().manual_seed(7))]
-    (cos, err), _ = one_step(dims, w, lengths, 64, 4, qkv_batch_split=2, tiles=(("qkv_rows", 80),))
-    print(f"batch 64, QKV in two batch slices: min cosine {cos:.6f}, max rel err {err:.4f}")
+    lengths = [int(x) for x in torch.randint(1, 3000, (live,), generator=torch.Generator().manual_seed(7))]
+    (cos, err), _ = one_step(dims, w, lengths, batch, 4, qkv_batch_split=2, tiles=tiles)
+    print(f"batch {batch}, QKV in two batch slices: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
 def test_expert_tasks_where_they_were_dealt_match_reference(wide):

@@ -86,7 +86,8 @@ HEADER_FIELDS = (
 # experts than slots) is skipped: the producer publishes nothing for it and goes on to its next place, so
 # it costs no descriptor, consumer barrier, fence or signal. Its signal is made up elsewhere where a live
 # task waits on it: ROUTER_TOPK's ``down_barrier`` gets ``down_tiles`` for every dead slot from the top-k's
-# signaller (the down wave's barrier, which the MoE combine waits on in full); a dead slot's up/gate
+# signaller (the down wave's barrier, which the MoE combine -- or with StepShape.combine_in_norm the next
+# NORM -- waits on in full); a dead slot's up/gate
 # barrier is waited on only by that slot's down tasks, skipped too, and stays short of its target.
 ROUTED_PAIR_WORDS = 16
 ROUTED_FIELDS = ("expert", "count") + tuple(f"pair{i}" for i in range(ROUTED_PAIR_WORDS))

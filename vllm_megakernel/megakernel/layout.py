@@ -21,7 +21,7 @@ PARTIAL_FLOATS = KERNEL["partial_floats"]
 REGISTER_BATCH = KERNEL["register_batch"]
 ATTN_TILE = KERNEL["attn_tile_tokens"]
 MAX_BATCH = KERNEL["max_batch"]
-NORM_ROWS = 8  # batch rows per NORM task when the norm is a wave of its own
+NORM_ROWS = CONSUMER_WARPS  # batch rows per NORM task in a norm wave, a warp each (one row with combine_in_norm)
 DEFAULT_ATTN_MIN_TILES = 2  # the smallest split: 32 tokens (64 KB of K/V for the 4 KV heads)
 MAX_ATTN_SPLITS = KERNEL["max_attn_splits"]
 

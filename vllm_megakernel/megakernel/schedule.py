@@ -7,7 +7,8 @@ order of the step's dependency graph. A MoE layer, with the RMSNorm folded into 
 
 The dense prefix layer has no router, top-k or combine (``mlp_up``/``mlp_down`` are its SwiGLU). Batches from
 ``layout.WIDE_FROM_BATCH`` rows start each layer with a ``norm`` wave instead (row chunks on many SMs;
-``layout.fold_norm``), and the step ends with a ``final_norm`` wave. Tasks are numbered in that order and
+``layout.fold_norm``; with ``StepShape.combine_in_norm`` that wave also sums the previous MoE layer's expert
+outputs, and no ``moe_combine`` wave is built), and the step ends with a ``final_norm`` wave. Tasks are numbered in that order and
 dealt round-robin to SMs (restarting at SM 0 on every layer by default: ``StepShape.deal``), each SM's list in
 number order, so every SM's list is ordered consistently with one global topological order. That makes the
 step deadlock-free with spinning waits: the unfinished task with the smallest number is at the head of its
@@ -42,7 +43,7 @@ from vllm_megakernel.megakernel import layout
 from vllm_megakernel.megakernel.abi import NO_BARRIER, ROUTED_OPS, TASK_WORDS, WAITS_ONLY_IF_WORK, Op, encode
 from vllm_megakernel.reference import ModelDims
 
-Region = tuple  # a logical buffer region, e.g. ("q", tile) or ("kv", layer, tile)
+Region = tuple  # a logical buffer region, e.g. ("q", tile) or ("kv", layer, tile), (..., slice) for a batch slice
 
 # Orders of a layer's waves (each a topological order of the layer's dependencies; the dense prefix layer
 # skips the MoE-only waves). Tasks are dealt to SMs in this order, and each SM runs its list in order, so
@@ -281,7 +282,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
         raise ValueError("query heads must be a multiple of KV heads")
     combine_cols = shape.moe_combine_cols or min(COMBINE_COLS, H)
     if H % UNIT or H % combine_cols:
-        raise ValueError(f"hidden size {H} is not a multiple of {UNIT} and of the MOE_COMBINE width {combine_cols}")
+        raise ValueError(f"hidden size {H} is not a multiple of {UNIT} or of the MOE_COMBINE width {combine_cols}")
     B, S = shape.batch, shape.attn_splits
     tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, B, dict(shape.tiles))
     fold = layout.fold_norm(B) if shape.norm == "auto" else shape.norm == "fold"
@@ -291,16 +292,16 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     if shape.qkv_batch_split > 1 and fold:
         raise ValueError(f"qkv_batch_split needs a norm wave: batch {B} folds the norm into its readers "
                          f"(norm={shape.norm!r})")
-    # the QKV tasks' batch-row slices: (first row, rows) each; (0, 0) = every row, the kernel's unsplit form
-    per_slice = -(-B // shape.qkv_batch_split)
-    qkv_slices = [(0, 0)] if shape.qkv_batch_split == 1 else \
-        [(b0, min(per_slice, B - b0)) for b0 in range(0, B, per_slice)]
+    # the QKV tasks' batch-row slices, as even as the batch allows: (first row, rows) each; (0, 0) = every row,
+    # the kernel's unsplit form
+    k = shape.qkv_batch_split
+    qkv_slices = [(0, 0)] if k == 1 else [(s * B // k, (s + 1) * B // k - s * B // k) for s in range(k)]
     slots = layout.moe_slots(dims, B)
     heads_per_combine = _heads_per_combine(dims, shape)
     # row chunks of x / hn (NORM tasks, region units): NORM_ROWS rows, a warp each, or one row on every
     # consumer warp where the MoE combine is folded in (csrc NormOp's row_warps)
     norm_rows = 1 if shape.combine_in_norm else layout.NORM_ROWS
-    row_warps = layout.NORM_ROWS // norm_rows
+    row_warps = layout.CONSUMER_WARPS if shape.combine_in_norm else 1
     chunks = range(-(-B // norm_rows))
     qkv_rows = (hq + 2 * hkv) * D
 

@@ -462,7 +462,8 @@ class Numerics:
     def norm(self, layer: int, row0: int, rows: int, final: int, moe: int, row_warps: int) -> None:
         # the kernel's two forms (csrc NormOp): a warp a row for up to 8 rows, or 8 warps on one row (the only
         # form with moe); anything else it would run wrong, not refuse
-        if (row_warps, rows > 1, moe) not in ((1, False, 0), (1, True, 0), (8, False, 0), (8, False, 1)) or rows > 8:
+        w = layout.CONSUMER_WARPS
+        if (row_warps, rows > 1, moe) not in ((1, False, 0), (1, True, 0), (w, False, 0), (w, False, 1)) or rows > w:
             raise ValueError(f"NORM layer {layer}: rows={rows}, row_warps={row_warps}, moe={moe} has no kernel form")
         r = slice(row0, row0 + rows)
         x = self._residual(layer, moe)[r]
