@@ -254,6 +254,21 @@ struct MoeDownOp {
   }
 };
 
+// One 16-byte vector of the MoE combine: bf16(sum_k w[k] * e[k]) over a row's top-k expert outputs, in fp32
+// with k in order, rounded once. MOE_COMBINE and a NORM with the combine folded into it (norm.cuh) both sum
+// through here, so the two forms give the same bits.
+__device__ __forceinline__ uint4 combine_experts8(const float (&w)[abi::kTopK], const uint4 (&e)[abi::kTopK]) {
+  float acc[8] = {};
+#pragma unroll
+  for (int k = 0; k < abi::kTopK; ++k) {
+    float f[8];
+    unpack8(e[k], f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += w[k] * f[i];
+  }
+  return pack8(acc);
+}
+
 // MOE_COMBINE: columns [col0, col0 + cols) of mlp[b] = sum_k weight[b, k] * expert_out[b * K + k] in fp32.
 struct MoeCombineOp {
   struct Shared {};
@@ -265,17 +280,18 @@ struct MoeCombineOp {
     bf16* mlp = c.st.mlp(t.layer());
     for (int idx = c.thread; idx < B * vecs; idx += kConsumerThreads) {
       const int b = idx / vecs, col = col0 + (idx % vecs) * 8;
-      float acc[8] = {};
+      uint4 out = make_uint4(0, 0, 0, 0);
       if (c.st.seq_len(b) > 0) {  // padding rows were not routed
-        for (int k = 0; k < abi::kTopK; ++k) {
-          float e[8];
-          const float w = topk_w[b * abi::kTopK + k];
-          unpack8(load16(eout + (long long)(b * abi::kTopK + k) * abi::kHidden + col), e);
+        float w[abi::kTopK];
+        uint4 e[abi::kTopK];
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[j] += w * e[j];
+        for (int k = 0; k < abi::kTopK; ++k) {
+          w[k] = topk_w[b * abi::kTopK + k];
+          e[k] = load16(eout + (long long)(b * abi::kTopK + k) * abi::kHidden + col);
         }
+        out = combine_experts8(w, e);
       }
-      store16(mlp + (long long)b * abi::kHidden + col, pack8(acc));
+      store16(mlp + (long long)b * abi::kHidden + col, out);
     }
     return true;
   }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "gemm.cuh"
+#include "moe.cuh"
 
 namespace vllm_megakernel {
 
@@ -85,9 +86,8 @@ __device__ __forceinline__ float residual_vectors(const Step& st, int layer, int
 }
 
 // residual_vectors where the previous layer's MOE_COMBINE is folded into this norm (NORM's moe = 1): each
-// mlp vector is summed here from expert_out and topk_w exactly as MoeCombineOp sums it (fp32, k in order,
-// rounded to bf16 once; zero for a padding row, which was not routed), then (x + o) + mlp as above. Every
-// load is issued before the first sum.
+// mlp vector is summed here from expert_out and topk_w by MoeCombineOp's combine_experts8 (zero for a
+// padding row, which was not routed), then (x + o) + mlp as above. Every load is issued before the first sum.
 template <int N, class Col>
 __device__ __forceinline__ float residual_vectors_moe(const Step& st, int layer, int b, Col col, uint4 (&v)[N]) {
   constexpr int KT = abi::kTopK;
@@ -113,17 +113,8 @@ __device__ __forceinline__ float residual_vectors_moe(const Step& st, int layer,
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    float acc[8] = {};
-#pragma unroll
-    for (int k = 0; k < KT; ++k) {
-      float e[8];
-      unpack8(ev[j][k], e);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w[k] * e[i];
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = live ? acc[i] : 0.f;
-    v[j] = residual_add8(v[j], ov[j], pack8(acc));
+    const uint4 m = combine_experts8(w, ev[j]);
+    v[j] = residual_add8(v[j], ov[j], live ? m : make_uint4(0, 0, 0, 0));
     ss += sumsq8(v[j]);
   }
   return ss;

@@ -286,12 +286,10 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     B, S = shape.batch, shape.attn_splits
     tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, B, dict(shape.tiles))
     fold = layout.fold_norm(B) if shape.norm == "auto" else shape.norm == "fold"
-    if shape.combine_in_norm and fold:
-        raise ValueError(f"combine_in_norm needs a norm wave: batch {B} folds the norm into its readers "
-                         f"(norm={shape.norm!r})")
-    if shape.qkv_batch_split > 1 and fold:
-        raise ValueError(f"qkv_batch_split needs a norm wave: batch {B} folds the norm into its readers "
-                         f"(norm={shape.norm!r})")
+    for choice, on in (("combine_in_norm", shape.combine_in_norm), ("qkv_batch_split", shape.qkv_batch_split > 1)):
+        if on and fold:
+            raise ValueError(f"{choice} needs a norm wave: batch {B} folds the norm into its readers "
+                             f"(norm={shape.norm!r})")
     # the QKV tasks' batch-row slices, as even as the batch allows: (first row, rows) each; (0, 0) = every row,
     # the kernel's unsplit form
     k = shape.qkv_batch_split

@@ -463,7 +463,7 @@ class Numerics:
         # the kernel's two forms (csrc NormOp): a warp a row for up to 8 rows, or 8 warps on one row (the only
         # form with moe); anything else it would run wrong, not refuse
         w = layout.CONSUMER_WARPS
-        if (row_warps, rows > 1, moe) not in ((1, False, 0), (1, True, 0), (w, False, 0), (w, False, 1)) or rows > w:
+        if row_warps not in (1, w) or rows > w or (row_warps == w and rows > 1) or (moe and row_warps != w):
             raise ValueError(f"NORM layer {layer}: rows={rows}, row_warps={row_warps}, moe={moe} has no kernel form")
         r = slice(row0, row0 + rows)
         x = self._residual(layer, moe)[r]
