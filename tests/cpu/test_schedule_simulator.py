@@ -2,6 +2,7 @@
 conflicting access ordered, and the step computed task by task equal to the reference decode step."""
 
 import dataclasses
+import json
 
 from collections import defaultdict
 
@@ -427,6 +428,30 @@ def test_qkv_tasks_split_by_batch_rows_run_the_same_step_race_free(dims, weights
         build_schedule(dims, StepShape(batch=8, num_sms=7, qkv_batch_split=2), *weights.intermediates())
     with pytest.raises(ValueError, match="qkv_batch_split=20"):
         StepShape(batch=19, num_sms=7, qkv_batch_split=20)
+
+
+def test_from_batch_33_the_combine_folds_into_the_norm_and_qkv_tiles_split_by_default(dims, weights, monkeypatch):
+    """layout.HEAD_SPLIT_FROM_BATCH: StepShape left to its defaults folds the MoE combine into the next norm and
+    splits each QKV tile in two batch-row slices from batch 33 (at the full model's size 128 QKV tasks of 80
+    weight rows at batch 64), and neither below it. With the threshold moved to 19, the default step at batch 19
+    takes both and still matches the reference, race-free."""
+    config = json.loads((FULL_CONFIG / "config.json").read_text())
+    full = ref.ModelDims.from_config(config)
+    full_sizes = (config["intermediate_size"], config["prefix_dense_intermediate_size"])
+    for batch, on in ((16, False), (32, False), (33, True), (64, True)):
+        shape = StepShape(batch=batch, num_sms=132)
+        assert (shape.combine_in_norm, shape.qkv_batch_split) == (on, 2 if on else 1)
+    assert layout.gemm_tiles(full, *full_sizes, 64).qkv_rows == 80
+    assert layout.gemm_tiles(full, *full_sizes, 32).qkv_rows == 64
+    # choices asked for still win over the default
+    assert StepShape(batch=64, num_sms=132, combine_in_norm=False, qkv_batch_split=1).qkv_batch_split == 1
+    monkeypatch.setattr(layout, "HEAD_SPLIT_FROM_BATCH", 19)
+    sched, got, expected = step_at_batch_19(dims, weights)
+    assert not [t for t in sched.tasks if t.op == Op.MOE_COMBINE]
+    qkv = [t for t in sched.tasks if t.op == Op.QKV_ROPE and t.layer == 1]
+    assert sorted({(t.fields["batch0"], t.fields["batch_rows"]) for t in qkv}) == [(0, 9), (9, 10)]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    simulate.check_races(sched)
 
 
 def test_combine_tasks_take_at_most_eight_heads():

@@ -37,10 +37,11 @@ def compare(got, expected, live):
 
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
-             bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=False,
-             qkv_batch_split=1):
+             bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=None,
+             qkv_batch_split=0):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
-    block by block (long contexts); slots past a history then hold finite values instead of NaN."""
+    block by block (long contexts); slots past a history then hold finite values instead of NaN.
+    ``combine_in_norm`` None and ``qkv_batch_split`` 0 take the layout's choice for the batch (StepShape's)."""
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
@@ -133,7 +134,7 @@ def test_wide_step_matches_reference(wide, batch, lengths, splits):
     (64, [int(x) for x in torch.randint(1, 3000, (61,), generator=torch.Generator().manual_seed(6))]),
 ])
 def test_moe_combine_folded_into_the_norm_matches_reference(wide, batch, lengths):
-    """combine_in_norm (a schedule choice where the norm is a wave, from batch 16): each NORM task sums one row's expert outputs
+    """combine_in_norm (a schedule choice where the norm is a wave, from batch 16; the default from 33): each NORM task sums one row's expert outputs
     itself on all eight consumer warps; padding rows included."""
     dims, w = wide
     (cos, err), _ = one_step(dims, w, lengths, batch, 4, combine_in_norm=True)
@@ -149,6 +150,15 @@ def test_qkv_split_by_batch_rows_matches_reference(wide, batch, live, tiles):
     lengths = [int(x) for x in torch.randint(1, 3000, (live,), generator=torch.Generator().manual_seed(7))]
     (cos, err), _ = one_step(dims, w, lengths, batch, 4, qkv_batch_split=2, tiles=tiles)
     print(f"batch {batch}, QKV in two batch slices: min cosine {cos:.6f}, max rel err {err:.4f}")
+
+
+def test_batch_64_with_the_combine_wave_and_whole_qkv_tiles_matches_reference(wide):
+    """Batch 64 as it ran before the head split became its default (layout.HEAD_SPLIT_FROM_BATCH): the MOE_COMBINE
+    wave and 80 QKV tasks of all 64 rows."""
+    dims, w = wide
+    lengths = [int(x) for x in torch.randint(1, 3000, (61,), generator=torch.Generator().manual_seed(8))]
+    (cos, err), _ = one_step(dims, w, lengths, 64, 4, combine_in_norm=False, qkv_batch_split=1)
+    print(f"batch 64, combine wave, whole QKV tiles: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
 def test_expert_tasks_where_they_were_dealt_match_reference(wide):

@@ -126,8 +126,11 @@ def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
     # +0.6 / +0.2%: those keep 40-row QKV tasks and 4 router tasks, one task per SM at the head of each layer
     # (16 router tasks behind 128 QKV tasks put two on 12 SMs: +5% at batch 1, +2% at 8, PERF_LOG #12).
     chain_first = batch == 1
+    # from HEAD_SPLIT_FROM_BATCH each QKV tile is split in two batch-row slices (qkv_batch_split_for), so
+    # 80 weight rows a task make 128 tasks of half the rows
+    qkv_target = 80 if batch >= HEAD_SPLIT_FROM_BATCH else 64 if big or chain_first else 40
     return GemmTiles(
-        qkv_rows=tile(qkv_total, h, 64 if big or chain_first else 40, "qkv_rows"),
+        qkv_rows=tile(qkv_total, h, qkv_target, "qkv_rows"),
         o_rows=tile(h, q, 16, "o_rows"),
         router_rows=tile(dims.num_experts, h, 8 if chain_first else 32, "router_rows"),
         dense_up_cols=tile(dense_intermediate, h, 32 if big else 16, "dense_up_cols", pair=True)
@@ -173,6 +176,26 @@ def fold_norm(batch: int) -> bool:
     folding costs the router tasks 13.6 us of a 20.5 us task and the top-k waits behind them: the wave
     measured 0.8-1.3% faster there (two runs)."""
     return batch < WIDE_FROM_BATCH
+
+
+# From batch 33 the head of a layer changes (measured at batch 64 only; 33-63 take it unmeasured): the MoE
+# combine is folded into the next norm, and each QKV tile is split in two batch-row slices with 80 weight rows
+# a task (128 tasks of 80 x 32 rows instead of 80 of 64 x 64; the grouped GEMM's stage time grows with the
+# rows it holds, 3.8 us a stage at 64, 1.8 at 32). At batch 64 the step 26706 / 26738 us (default, twice) ->
+# 26279 with the fold -> 25550 with the fold and the split (-4.4%) in one process
+# (benchmarks/results/h200-2026-12-02-v2-b64-head-racecheck, call 1; PERF_LOG #72-#75).
+HEAD_SPLIT_FROM_BATCH = 33
+
+
+def combine_in_norm_for(batch: int) -> bool:
+    """Whether a MoE layer's combine is folded into the next norm wave (schedule.StepShape's
+    ``combine_in_norm``; see HEAD_SPLIT_FROM_BATCH)."""
+    return batch >= HEAD_SPLIT_FROM_BATCH
+
+
+def qkv_batch_split_for(batch: int) -> int:
+    """Batch-row slices per QKV tile (schedule.StepShape's ``qkv_batch_split``; see HEAD_SPLIT_FROM_BATCH)."""
+    return 2 if batch >= HEAD_SPLIT_FROM_BATCH else 1
 
 
 # -- attention splits

@@ -96,9 +96,10 @@ class StepShape:
     columns of a MOE_COMBINE task (``moe_combine_cols``, a multiple of UNIT dividing the hidden size; 0:
     COMBINE_COLS), whether a MoE layer's combine is folded into the next norm (``combine_in_norm``: no
     MOE_COMBINE wave; the NORM tasks, one batch row each with all consumer warps on it, sum each row's
-    expert outputs themselves; only where the norm is a wave of its own), into how many batch-row slices
-    each QKV tile is split (``qkv_batch_split``: a task per tile and slice, where the grouped GEMM's time
-    grows with the rows; only where the norm is a wave), and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
+    expert outputs themselves; only where the norm is a wave of its own; None: layout.combine_in_norm_for the
+    batch), into how many batch-row slices each QKV tile is split (``qkv_batch_split``: a task per tile and
+    slice, where the grouped GEMM's time grows with the rows; only where the norm is a wave; 0:
+    layout.qkv_batch_split_for the batch), and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
     layer ("by_layer"), so that a layer's router tasks and top-k run on the same SMs every layer and its
     qkv tasks on the SMs after them, or round-robin over the whole step ("continuous"). Dealt by layer,
     the router and top-k code stays in those SMs' instruction caches: router tasks 11.0 -> 9.0 us and
@@ -117,8 +118,8 @@ class StepShape:
     o_within_down: float | None = None
     deal: str = "by_layer"
     moe_combine_cols: int = 0
-    combine_in_norm: bool = False
-    qkv_batch_split: int = 1
+    combine_in_norm: bool | None = None
+    qkv_batch_split: int = 0
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -127,6 +128,10 @@ class StepShape:
             raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
         if self.deal not in DEALS:
             raise ValueError(f"deal={self.deal!r}: one of {DEALS}")
+        if self.combine_in_norm is None:
+            object.__setattr__(self, "combine_in_norm", layout.combine_in_norm_for(self.batch))
+        if self.qkv_batch_split == 0:
+            object.__setattr__(self, "qkv_batch_split", layout.qkv_batch_split_for(self.batch))
         if not 1 <= self.qkv_batch_split <= self.batch:
             raise ValueError(f"qkv_batch_split={self.qkv_batch_split}: 1 to the batch ({self.batch})")
         if self.moe_combine_cols < 0 or self.moe_combine_cols % UNIT:
