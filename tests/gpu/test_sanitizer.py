@@ -1,7 +1,10 @@
 """compute-sanitizer is clean on one megakernel decode step (full width, 5 layers, ragged batch with a
 padding row): no out-of-bounds or misaligned access (memcheck), no shared-memory hazard (racecheck), no
-invalid use of a barrier -- named barriers, mbarriers (synccheck)."""
+invalid use of a barrier -- named barriers, mbarriers (synccheck). COMPUTE_SANITIZER names the tool to run
+(default: the one on PATH, else the CUDA toolkit's), e.g. a newer release unpacked from PyPI's
+nvidia-cuda-sanitizer-api wheel."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +19,8 @@ HERE = Path(__file__).parent
 
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_one_step_is_sanitizer_clean(shallow_checkpoint, tool):
-    sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    sanitizer = (os.environ.get("COMPUTE_SANITIZER") or shutil.which("compute-sanitizer")
+                 or "/usr/local/cuda/bin/compute-sanitizer")
     if not Path(sanitizer).exists():
         pytest.skip("compute-sanitizer is not installed on this host")
     proc = subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "3", sys.executable,
