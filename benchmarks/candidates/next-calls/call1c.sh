@@ -1,34 +1,18 @@
 #!/usr/bin/env bash
-# Session M, device call 1c (same machine as call 1, its checkpoint /tmp/nmc-5l there; carry main's extension
-# and .sanitizer/ with the two compute-sanitizer wheels from PyPI, nvidia-cuda-sanitizer-api 13.5.25 =
-# compute-sanitizer 2026.4.0 and 13.1.118 = 2025.4.1): the host has 2025.3.1 (session L), older than the
-# racecheck false-positive fixes for mbarriers (2025.4), warpgroup synchronization (2026.1) and mbarrier
-# complete-tx (2026.3) that README's "Not yet clean" cites. Which of the two runs on the host's driver
-# (580), then racecheck (and memcheck / synccheck) on one step with the newest that runs.
+# Next session, device call 1c (same machine; carry main's extension): the head of the layer at batch 64, 32 and 16,
+# kernel alone, main, one process per batch (PERF_LOG #77-#79): at 64 against its default (the combine folded into
+# the norm, QKV tiles in two 32-row slices) four 16-row slices (the register form) or three, and 32-row O tasks;
+# at 32 and 16 the fold and the split, not yet their default.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
 start=$(date +%s)
-[ -d /tmp/nmc-5l ] || python3 -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code /tmp/nmc-5l --seed 1 --num-layers 5 > $res/ckpt.log 2>&1
-best=
-for w in .sanitizer/nvidia_cuda_sanitizer_api-13.1.118-*.whl .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl; do
-  d=/tmp/cs-$(basename $w | cut -d- -f2); rm -rf $d; python3 -m zipfile -e $w $d
-  chmod -R u+x $d/nvidia/cu13
-  bin=$(ls $d/nvidia/cu13/compute-sanitizer/compute-sanitizer $d/nvidia/cu13/bin/compute-sanitizer 2>/dev/null | head -1)
-  echo "== $w -> $bin" >> $res/versions.txt; $bin --version >> $res/versions.txt 2>&1
-  if timeout 120 $bin --tool memcheck python3 -c "import torch; torch.ones(4, device='cuda').sum().item(); print('cuda ok')" \
-       > $res/smoke-$(basename $d).txt 2>&1 && grep -q "cuda ok" $res/smoke-$(basename $d).txt; then best=$bin; fi
-  echo "$w: smoke rc=$? ($(( $(date +%s) - start )) s)"; tail -2 $res/smoke-$(basename $d).txt
-done
-cat $res/versions.txt
-if [ -n "$best" ]; then
-  echo "using $best"
-  timeout $(( 560 - ($(date +%s) - start) - 90 )) $best --tool racecheck --racecheck-report all --print-limit 40 \
-    python3 tests/gpu/sanitize_step.py /tmp/nmc-5l > $res/racecheck.txt 2>&1
-  echo "racecheck rc=$? ($(( $(date +%s) - start )) s)"; grep -E "RACECHECK SUMMARY|step ok|Error|Warning" $res/racecheck.txt | sort | uniq -c | head -12
-  for tool in synccheck memcheck; do
-    timeout $(( 575 - ($(date +%s) - start) )) $best --tool $tool --error-exitcode 3 python3 tests/gpu/sanitize_step.py /tmp/nmc-5l \
-      > $res/$tool.txt 2>&1; echo "$tool rc=$? ($(( $(date +%s) - start )) s)"; grep -E "SUMMARY|step ok" $res/$tool.txt
-  done
-fi
+run() {
+  timeout $(( 590 - ($(date +%s) - start) )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
+    --batch-sizes $1 --iters 5 --schedules "$2" --out $res/b$1 > $res/b$1.log 2>&1
+  echo "batch $1 rc=$? ($(( $(date +%s) - start )) s)"; grep -h "us per step" $res/b$1.log
+}
+run 64 "default;qkv_batch_split=4;qkv_batch_split=3;o_rows=32;default"
+run 32 "default;combine_in_norm=1;combine_in_norm=1,qkv_batch_split=2;combine_in_norm=1,qkv_batch_split=2,qkv_rows=80"
+run 16 "default;combine_in_norm=1,qkv_batch_split=2"
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session M, device call 2 (after five `install.sh --stash .offline-bundle/pN` calls on the same machine, N = 0..4,
+# Next session, device call 2 (after five `install.sh --stash .offline-bundle/pN` calls on the same machine, N = 0..4,
 # each carrying .offline-bundle/pN and .offline-bundle/install.sh; this call carries main's extension (or the
 # winning variant's, copied over it first), .offline-bundle/install.sh, env.sh and bundle.sha256): inside vLLM
 # at 8K, batch 64, 32 and 16, both sides in one run.
