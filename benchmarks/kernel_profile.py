@@ -12,7 +12,7 @@ the bandwidth that gives over the wave's span. This is the tool for deciding wha
 speed against stock vLLM comes from benchmarks.decode_sweep. --schedules compares schedules in one run:
 each is a comma-separated list of StepShape choices (its fields but batch, num_sms and tiles: attn_splits,
 attn_min_tiles, combine_heads, norm, order: a schedule.WAVE_ORDERS name, expert_claims: 0 or 1, o_within_down:
-a fraction, deal: a schedule.DEALS name, moe_combine_cols, combine_in_norm: 0 or 1, qkv_batch_split) and GEMM
+a fraction, deal: a schedule.DEALS name, moe_combine_cols, combine_in_norm: 0 or 1, qkv_batch_split, o_batch_split) and GEMM
 task sizes (layout.GemmTiles fields), or "default". With --out the report is also written there after every
 row (report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
 schedule's traced launches). Each row also records the SM clock and nvidia-smi's clock-event reasons just

@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 10;
+constexpr int kAbiVersion = 11;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -85,6 +85,8 @@ constexpr int F_ATTN_COMBINE_HEADS = 12;
 // O_PROJ
 constexpr int F_O_PROJ_ROW0 = 10;
 constexpr int F_O_PROJ_ROWS = 11;
+constexpr int F_O_PROJ_BATCH0 = 12;
+constexpr int F_O_PROJ_BATCH_ROWS = 13;
 // DENSE_UPGATE
 constexpr int F_DENSE_UPGATE_COL0 = 10;
 constexpr int F_DENSE_UPGATE_COLS = 11;

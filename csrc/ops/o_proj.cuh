@@ -1,4 +1,7 @@
-// O_PROJ: rows [row0, row0 + rows) of o_out = attn_out @ Wo^T (the columns of the layer's o buffer).
+// O_PROJ: rows [row0, row0 + rows) of o_out = attn_out @ Wo^T (the columns of the layer's o buffer). A task with
+// batch_rows > 0 does this for batch rows [batch0, batch0 + batch_rows) only (StepShape.o_batch_split: at 17 or
+// more rows the GEMM reloads its activations from L2 for every few stages, 64 rows x 4096 x 2 B = 512 KB at batch
+// 64 against a task's 131 KB of weights; slices of at most 16 rows hold theirs in registers).
 #pragma once
 
 #include "gemm.cuh"
@@ -17,9 +20,12 @@ struct OProjOp {
   }
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
-    const int row0 = t[abi::F_O_PROJ_ROW0], R = t[abi::F_O_PROJ_ROWS], B = c.st.batch(), bp = padded_rows(B);
-    if (!gemm_task<K, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_ATTN), K, B}, B, R, sh.part)) return false;
-    bf16* o = c.st.o(t.layer()) + row0;
+    const int row0 = t[abi::F_O_PROJ_ROW0], R = t[abi::F_O_PROJ_ROWS];
+    const int b0 = t[abi::F_O_PROJ_BATCH0], split = t[abi::F_O_PROJ_BATCH_ROWS];
+    const int B = split ? split : c.st.batch(), bp = padded_rows(B);  // this task's batch rows: b0 + [0, B)
+    const DenseRows rows{c.st.ptr<const bf16>(abi::S_ATTN) + (long long)b0 * K, K, B};
+    if (!gemm_task<K, RS>(c, rows, B, R, sh.part)) return false;
+    bf16* o = c.st.o(t.layer()) + (long long)b0 * abi::kHidden + row0;
     store_rows(c, sh.part, R, B, bp, [&](int b) { return o + (long long)b * abi::kHidden; });
     return true;
   }

@@ -34,7 +34,7 @@ def test_missing_or_unknown_fields_are_refused():
     with pytest.raises(ValueError, match="missing fields"):
         abi.encode(abi.Op.ATTN_PARTIAL, 0, [], -1, 0, request=0)
     with pytest.raises(KeyError, match="has no field"):
-        abi.encode(abi.Op.O_PROJ, 0, [], -1, 0, row0=0, rows=16, bogus=1)
+        abi.encode(abi.Op.O_PROJ, 0, [], -1, 0, row0=0, rows=16, batch0=0, batch_rows=0, bogus=1)
     with pytest.raises(ValueError, match="at most 2 waits"):
         abi.encode(abi.Op.END, 0, [(0, 1)] * 3, -1, 0)
 

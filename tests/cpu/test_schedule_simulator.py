@@ -430,6 +430,28 @@ def test_qkv_tasks_split_by_batch_rows_run_the_same_step_race_free(dims, weights
         StepShape(batch=19, num_sms=7, qkv_batch_split=20)
 
 
+@pytest.mark.parametrize("split, shape", [(2, {}), (3, {"qkv_batch_split": 2}), (19, {})])
+def test_o_tasks_split_by_batch_rows_run_the_same_step_race_free(dims, weights, split, shape):
+    """o_batch_split: an O projection task per tile and batch-row slice, each writing its rows of the tile's
+    columns of o only; the step matches the reference, and the next norm (which reads every row of o) is
+    ordered after every slice. Unlike the QKV split, also where the norm is folded (batch 8)."""
+    sched, got, expected = step_at_batch_19(dims, weights, o_batch_split=split, **shape)
+    o = [t for t in sched.tasks if t.op == Op.O_PROJ and t.layer == 1]
+    slices = sorted({(t.fields["batch0"], t.fields["batch_rows"]) for t in o})
+    assert len(slices) == split and sum(n for _, n in slices) == 19
+    assert [b0 for b0, _ in slices] == [0] + [b0 + n for b0, n in slices[:-1]]
+    assert len(o) == split * len({t.fields["row0"] for t in o})
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    simulate.check_races(sched)
+    small = build_schedule(dims, StepShape(batch=8, num_sms=7, o_batch_split=2), *weights.intermediates())
+    assert {(t.fields["batch0"], t.fields["batch_rows"]) for t in small.tasks if t.op == Op.O_PROJ} == {(0, 4), (4, 4)}
+    with pytest.raises(ValueError, match="o_batch_split=20"):
+        StepShape(batch=19, num_sms=7, o_batch_split=20)
+    # the default: one task a tile, every row
+    unsplit = build_schedule(dims, StepShape(batch=19, num_sms=7), *weights.intermediates())
+    assert all(t.fields["batch_rows"] == 0 for t in unsplit.tasks if t.op == Op.O_PROJ)
+
+
 def test_from_batch_33_the_combine_folds_into_the_norm_and_qkv_tiles_split_by_default(dims, weights, monkeypatch):
     """layout.HEAD_SPLIT_FROM_BATCH: StepShape left to its defaults folds the MoE combine into the next norm and
     splits each QKV tile in two batch-row slices from batch 33 (at the full model's size 128 QKV tasks of 80

@@ -38,10 +38,10 @@ def compare(got, expected, live):
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
              bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=None,
-             qkv_batch_split=0):
+             qkv_batch_split=0, o_batch_split=0):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN.
-    ``combine_in_norm`` None and ``qkv_batch_split`` 0 take the layout's choice for the batch (StepShape's)."""
+    ``combine_in_norm`` None and ``qkv_batch_split`` / ``o_batch_split`` 0 take the layout's choice for the batch (StepShape's)."""
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
@@ -61,7 +61,7 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=min_tiles,
                                            expert_claims=expert_claims, deal=deal, o_within_down=o_within_down,
                                            tiles=tiles, combine_in_norm=combine_in_norm,
-                                           qkv_batch_split=qkv_batch_split),
+                                           qkv_batch_split=qkv_batch_split, o_batch_split=o_batch_split),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -150,6 +150,17 @@ def test_qkv_split_by_batch_rows_matches_reference(wide, batch, live, tiles):
     lengths = [int(x) for x in torch.randint(1, 3000, (live,), generator=torch.Generator().manual_seed(7))]
     (cos, err), _ = one_step(dims, w, lengths, batch, 4, qkv_batch_split=2, tiles=tiles)
     print(f"batch {batch}, QKV in two batch slices: min cosine {cos:.6f}, max rel err {err:.4f}")
+
+
+@pytest.mark.parametrize("batch, live, split, tiles", [(64, 61, 4, (("o_rows", 32),)), (19, 18, 2, ()), (8, 7, 2, ())])
+def test_o_split_by_batch_rows_matches_reference(wide, batch, live, split, tiles):
+    """o_batch_split: each O task's rows of o land where the reference puts them, through the register forms
+    (batch 64 in four 16-row slices of 32-row tiles, batch 19 in slices of 9 and 10 rows, batch 8 in two of 4
+    with the norm folded); the last rows padding."""
+    dims, w = wide
+    lengths = [int(x) for x in torch.randint(1, 3000, (live,), generator=torch.Generator().manual_seed(9))]
+    (cos, err), _ = one_step(dims, w, lengths, batch, 4, o_batch_split=split, tiles=tiles)
+    print(f"batch {batch}, O in {split} batch slices: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
 def test_batch_64_with_the_combine_wave_and_whole_qkv_tiles_matches_reference(wide):

@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -64,7 +64,8 @@ HEADER_FIELDS = (
 # (StepShape.combine_in_norm): each row's mlp vectors are summed from expert_out and topk_w as MOE_COMBINE
 # would (same order, fp32, rounded once) instead of read from mlp, which nothing writes then. QKV_ROPE:
 # ``batch_rows`` > 0: the task computes only batch rows [batch0, batch0 + batch_rows) (StepShape.
-# qkv_batch_split; never with ``norm``); 0: every row. ``norm`` = 1: the task folds the layer's RMSNorm
+# qkv_batch_split; never with ``norm``); 0: every row. O_PROJ: ``batch_rows`` likewise (StepShape.o_batch_split).
+# ``norm`` = 1: the task folds the layer's RMSNorm
 # into its activation load (reads the residual stream, not hn); ``write_x`` / ``write_hn`` = 1 on the one
 # task of the wave that also stores x_l / hn for the rest of the layer.
 #
@@ -99,7 +100,7 @@ OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.ROUTER_TOPK: ("down_barrier", "down_tiles"),
     Op.ATTN_PARTIAL: ("request", "split"),
     Op.ATTN_COMBINE: ("request", "head0", "heads"),
-    Op.O_PROJ: ("row0", "rows"),
+    Op.O_PROJ: ("row0", "rows", "batch0", "batch_rows"),
     Op.DENSE_UPGATE: ("col0", "cols", "norm"),
     Op.DENSE_DOWN: ("row0", "rows"),
     Op.MOE_UPGATE: ("slot", "col0", "cols", "claim") + ROUTED_FIELDS,

@@ -198,6 +198,12 @@ def qkv_batch_split_for(batch: int) -> int:
     return 2 if batch >= HEAD_SPLIT_FROM_BATCH else 1
 
 
+def o_batch_split_for(batch: int) -> int:
+    """Batch-row slices per O projection tile (schedule.StepShape's ``o_batch_split``): 1, unmeasured yet
+    (PERF_LOG #80)."""
+    return 1
+
+
 # -- attention splits
 
 

@@ -99,7 +99,8 @@ class StepShape:
     expert outputs themselves; only where the norm is a wave of its own; None: layout.combine_in_norm_for the
     batch), into how many batch-row slices each QKV tile is split (``qkv_batch_split``: a task per tile and
     slice, where the grouped GEMM's time grows with the rows; only where the norm is a wave; 0:
-    layout.qkv_batch_split_for the batch), and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
+    layout.qkv_batch_split_for the batch), likewise each O projection tile (``o_batch_split``; at any batch; 0:
+    layout.o_batch_split_for the batch), and how tasks are dealt to SMs (``deal``): round-robin in task order restarting at SM 0 on every
     layer ("by_layer"), so that a layer's router tasks and top-k run on the same SMs every layer and its
     qkv tasks on the SMs after them, or round-robin over the whole step ("continuous"). Dealt by layer,
     the router and top-k code stays in those SMs' instruction caches: router tasks 11.0 -> 9.0 us and
@@ -120,6 +121,7 @@ class StepShape:
     moe_combine_cols: int = 0
     combine_in_norm: bool | None = None
     qkv_batch_split: int = 0
+    o_batch_split: int = 0
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -132,6 +134,10 @@ class StepShape:
             object.__setattr__(self, "combine_in_norm", layout.combine_in_norm_for(self.batch))
         if self.qkv_batch_split == 0:
             object.__setattr__(self, "qkv_batch_split", layout.qkv_batch_split_for(self.batch))
+        if self.o_batch_split == 0:
+            object.__setattr__(self, "o_batch_split", layout.o_batch_split_for(self.batch))
+        if not 1 <= self.o_batch_split <= self.batch:
+            raise ValueError(f"o_batch_split={self.o_batch_split}: 1 to the batch ({self.batch})")
         if not 1 <= self.qkv_batch_split <= self.batch:
             raise ValueError(f"qkv_batch_split={self.qkv_batch_split}: 1 to the batch ({self.batch})")
         if self.moe_combine_cols < 0 or self.moe_combine_cols % UNIT:
@@ -271,6 +277,12 @@ class _Builder:
                                tuple(reads), tuple(writes), load_wait))
 
 
+def _batch_slices(batch: int, k: int) -> list[tuple[int, int]]:
+    """A split GEMM wave's batch-row slices, as even as the batch allows: (first row, rows) each; [(0, 0)]
+    (every row, the kernel's unsplit form) for k = 1."""
+    return [(0, 0)] if k == 1 else [(s * batch // k, (s + 1) * batch // k - s * batch // k) for s in range(k)]
+
+
 def _units(name: str, parity: int, col0: int, cols: int) -> tuple[Region, ...]:
     return tuple((name, parity, u) for u in range(col0 // UNIT, (col0 + cols) // UNIT))
 
@@ -295,10 +307,10 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
         if on and fold:
             raise ValueError(f"{choice} needs a norm wave: batch {B} folds the norm into its readers "
                              f"(norm={shape.norm!r})")
-    # the QKV tasks' batch-row slices, as even as the batch allows: (first row, rows) each; (0, 0) = every row,
-    # the kernel's unsplit form
+    # the QKV and O tasks' batch-row slices
     k = shape.qkv_batch_split
-    qkv_slices = [(0, 0)] if k == 1 else [(s * B // k, (s + 1) * B // k - s * B // k) for s in range(k)]
+    qkv_slices = _batch_slices(B, k)
+    o_slices = _batch_slices(B, shape.o_batch_split)
     slots = layout.moe_slots(dims, B)
     heads_per_combine = _heads_per_combine(dims, shape)
     # row chunks of x / hn (NORM tasks, region units): NORM_ROWS rows, a warp each, or one row on every
@@ -422,8 +434,11 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             bar["o"] = b.barrier(f"{L}.o_proj")
             n = tiles.o_rows
             for t in range(H // n):
-                b.task(Op.O_PROJ, layer, "o_proj", waits=(bar["comb"],), signal=bar["o"], reads=(("attn",),),
-                       writes=_units("o", p, t * n, n), row0=t * n, rows=n)
+                for s, (b0, nb) in enumerate(o_slices):
+                    part = (s,) if nb else ()  # the slice's share of the tile's o units
+                    b.task(Op.O_PROJ, layer, "o_proj", waits=(bar["comb"],), signal=bar["o"], reads=(("attn",),),
+                           writes=tuple(u + part for u in _units("o", p, t * n, n)), row0=t * n, rows=n,
+                           batch0=b0, batch_rows=nb)
 
         def moe_combine_wave():
             if moe_in_norm(layer + 1):  # the next norm sums the expert outputs: it waits on the down wave

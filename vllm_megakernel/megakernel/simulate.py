@@ -551,9 +551,10 @@ class Numerics:
         out = (self.opart[request, :used, head0:head0 + heads] * scale[..., None]).sum(0) / scale.sum(0)[:, None]
         self.attn[request, cols] = out.reshape(-1).to(self.attn.dtype)
 
-    def o_proj(self, layer: int, row0: int, rows: int) -> None:
+    def o_proj(self, layer: int, row0: int, rows: int, batch0: int, batch_rows: int) -> None:
         c = slice(row0, row0 + rows)
-        self.o[layer % 2, :, c] = self.attn @ self.w.layers[layer].o[c].t()
+        bs_ = slice(batch0, batch0 + batch_rows) if batch_rows else slice(None)  # the task's batch rows
+        self.o[layer % 2, bs_, c] = self.attn[bs_] @ self.w.layers[layer].o[c].t()
 
     # -- dense prefix MLP
     def dense_upgate(self, layer: int, col0: int, cols: int, norm: int) -> None:
