@@ -77,9 +77,9 @@ def test_schedule_model_table_compares_schedules_on_a_profiles_durations(dims):
     assert all(r["model_layer_us"] > 0 for r in rows)
     text = schedule_model.table(rows, schedules)
     assert f"| 2 | default | {rows[0]['model_layer_us']:.1f} | +0.0% | 12.5 |" in text
-    with pytest.raises(ValueError, match="changes task sizes"):
-        schedule_model.model_rows(config, profile, [2], ["default", "moe_up_cols=16"], num_sms=6, hop_us=1.0,
-                                  gap_us=0.3)
+    for sized in ("moe_up_cols=16", "qkv_batch_split=2", "o_batch_split=2", "moe_combine_cols=16"):
+        with pytest.raises(ValueError, match="changes task sizes"):
+            schedule_model.model_rows(config, profile, [2], ["default", sized], num_sms=6, hop_us=1.0, gap_us=0.3)
     other = {"results": [dict(profile["results"][0], tasks=len(sched.tasks) + 1)]}  # another kernel's task list
     with pytest.raises(ValueError, match="batch 2: no row of the profile ran the tasks"):
         schedule_model.model_rows(config, other, [2], schedules, num_sms=6, hop_us=1.0, gap_us=0.3)

@@ -64,10 +64,10 @@ HEADER_FIELDS = (
 # (StepShape.combine_in_norm): each row's mlp vectors are summed from expert_out and topk_w as MOE_COMBINE
 # would (same order, fp32, rounded once) instead of read from mlp, which nothing writes then. QKV_ROPE:
 # ``batch_rows`` > 0: the task computes only batch rows [batch0, batch0 + batch_rows) (StepShape.
-# qkv_batch_split; never with ``norm``); 0: every row. O_PROJ: ``batch_rows`` likewise (StepShape.o_batch_split).
-# ``norm`` = 1: the task folds the layer's RMSNorm
-# into its activation load (reads the residual stream, not hn); ``write_x`` / ``write_hn`` = 1 on the one
-# task of the wave that also stores x_l / hn for the rest of the layer.
+# qkv_batch_split; never with ``norm``); 0: every row. QKV_ROPE, ROUTER and DENSE_UPGATE: ``norm`` = 1: the
+# task folds the layer's RMSNorm into its activation load (reads the residual stream, not hn); ``write_x`` /
+# ``write_hn`` = 1 on the one task of the wave that also stores x_l / hn for the rest of the layer. O_PROJ:
+# ``batch0`` / ``batch_rows`` as QKV_ROPE's (StepShape.o_batch_split).
 #
 # ``claim`` (expert tasks): NO_BARRIER, or the barrier word that counts the claims of the task's wave. With
 # a counter, the task is a place in its SM's list, not a fixed tile: the producer takes the next number n
