@@ -2,7 +2,7 @@
 paged KV cache, block tables and query.
 
     python -m benchmarks.attention_bench --model configs/north-mini-code --batch-sizes 1,8,64 \
-        --contexts 1024,8192,32768,131072 --long-context 262000 --out DIR
+        --contexts 1024,8192,32768,131072 --long-context 262000 [--attn-splits 0,16] --out DIR
 
 Per (batch, context, layer kind) -- a sliding layer (the model's window) and a full layer (the whole
 history) of the model's attention shape (GQA 32/4, head dim 128): K/V drawn at random into vLLM's
@@ -14,7 +14,9 @@ FlashAttention layout (num_blocks, 2, 16, 4, 128) with each request's blocks sca
   FlashAttention backend calls it for decode (without the scheduler metadata vLLM precomputes; FA3 picks
   its own split count).
 - megakernel: ``schedule.attention_schedule`` -- that layer's ATTN_PARTIAL and ATTN_COMBINE waves with the
-  step's default splits -- as a whole launch (barrier reset + kernel).
+  step's default splits, or each split count of ``--attn-splits`` (0: the default) -- as a whole launch
+  (barrier reset + kernel). The wave alone has nothing to overlap a second round of partial tasks with, as
+  the step does (batch 8's default 17 splits make 136 tasks for 132 SMs): the splits column says which ran.
 
 Both are captured in a CUDA graph of ``--reps`` calls and timed with CUDA events (median of ``--iters``
 replays, per call), so host launch costs are out of both. The megakernel's span inside its launch (first
@@ -74,7 +76,9 @@ def task_breakdown(schedule, records) -> dict:
             "combine_task_us": statistics.median(run["attn_combine"]) if run["attn_combine"] else 0.0}
 
 
-def run_case(dims, weights, batch: int, context: int, iters: int, reps: int, num_sms: int, seed: int) -> list[dict]:
+def run_case(dims, weights, batch: int, context: int, iters: int, reps: int, num_sms: int, seed: int,
+             splits: int = 0) -> list[dict]:
+    """Both layer kinds at one (batch, context); ``splits`` attention splits a request (0: the step's default)."""
     import torch
 
     from benchmarks.sol import cuda_times
@@ -97,7 +101,7 @@ def run_case(dims, weights, batch: int, context: int, iters: int, reps: int, num
         window = dims.sliding_window if dims.sliding[layer] else None
         group = inp.groups[inp.layer_group[layer]]
         cache = inp.kv_caches[layer]
-        shape = StepShape(batch=batch, num_sms=num_sms)
+        shape = StepShape(batch=batch, num_sms=num_sms, attn_splits=splits)
         sched = attention_schedule(dims, shape, layer, *weights.intermediates())
         step = runtime.build_step(sched, weights, inp)
         step.workspace["q"].view(-1)[: q.numel()].copy_(q.view(-1))
@@ -154,10 +158,10 @@ def table(results: dict) -> str:
              f"{results['reps']} calls, median of {results['iters']} replays); megakernel span: first task start to "
              "last task end inside its launch (traced); from the same traced launch, the median partial and combine "
              "task and the busiest SM's partial tasks together.", "",
-             "| batch | context | layer | MB K/V | FA3 us | FA3 % copy | megakernel us | megakernel % copy | "
+             "| batch | context | layer | splits | MB K/V | FA3 us | FA3 % copy | megakernel us | megakernel % copy | "
              "megakernel span us | megakernel / FA3 | outputs (min cosine) | partial task us | busiest SM's "
              "partials us | combine task us |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in results["cases"]:
         mb = c["kv_bytes"] / 1e6
 
@@ -165,8 +169,8 @@ def table(results: dict) -> str:
             return f"{100 * c['kv_bytes'] / (us * 1e-6) / bw:.0f}%"
 
         agree = f"{c['min_cosine']:.5f}" if c["min_cosine"] >= 0.999 else f"DISAGREE {c['min_cosine']:.4f}"
-        lines.append(f"| {c['batch']} | {c['context']} | {c['layer']} | {mb:.1f} | {c['fa3_us']:.1f} | "
-                     f"{pct(c['fa3_us'])} | {c['megakernel_us']:.1f} | {pct(c['megakernel_us'])} | "
+        lines.append(f"| {c['batch']} | {c['context']} | {c['layer']} | {c['attn_splits']} | {mb:.1f} | "
+                     f"{c['fa3_us']:.1f} | {pct(c['fa3_us'])} | {c['megakernel_us']:.1f} | {pct(c['megakernel_us'])} | "
                      f"{c['megakernel_span_us']:.1f} | {c['megakernel_us'] / c['fa3_us']:.2f}x | {agree} | "
                      + " | ".join(f"{c[k]:.1f}" if k in c else "-"  # columns added after session J's first run
                                   for k in ("partial_task_us", "busiest_sm_partial_us", "combine_task_us")) + " |")
@@ -181,6 +185,8 @@ def main(argv=None) -> None:
     ap.add_argument("--long-context", type=int, default=0, help="one more context, at batch 1 only (256K)")
     ap.add_argument("--max-cache-gb", type=float, default=40.0,
                     help="skip a (batch, context) whose two layers' caches would need more")
+    ap.add_argument("--attn-splits", default="0",
+                    help="comma-separated split counts a request, each timed at every grid point (0: the default)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
@@ -224,7 +230,8 @@ def main(argv=None) -> None:
         if need > args.max_cache_gb:
             skipped.append({"batch": b, "context": c, "reason": f"caches need {need:.0f} GB > --max-cache-gb"})
             continue
-        cases += run_case(dims, weights, b, c, args.iters, args.reps, num_sms, args.seed)
+        for splits in map(int, args.attn_splits.split(",")):
+            cases += run_case(dims, weights, b, c, args.iters, args.reps, num_sms, args.seed, splits)
         save()
         print(f"batch {b} context {c}: done", flush=True)
     print(save())

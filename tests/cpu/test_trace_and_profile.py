@@ -322,7 +322,7 @@ def test_attention_bench_counts_visible_kv_bytes_and_flags_disagreeing_outputs()
             "kv_bytes": 16.8e6, "fa3_us": 5.0, "megakernel_us": 10.0, "megakernel_span_us": 7.0, "min_cosine": 0.9999}
     bad = dict(case, layer="sliding", min_cosine=0.5)
     text = ab.table({"bandwidth_bytes_per_s": 4.2e12, "reps": 10, "iters": 20, "cases": [case, bad]})
-    assert "| 1 | 8192 | full | 16.8 | 5.0 | 80% | 10.0 | 40% | 7.0 | 2.00x | 0.99990 | - | - | - |" in text
+    assert "| 1 | 8192 | full | 128 | 16.8 | 5.0 | 80% | 10.0 | 40% | 7.0 | 2.00x | 0.99990 | - | - | - |" in text
     assert "DISAGREE 0.5000" in text
     traced = dict(case, partial_task_us=3.0, busiest_sm_partial_us=6.0, combine_task_us=1.5)
     assert "| 2.00x | 0.99990 | 3.0 | 6.0 | 1.5 |" in ab.table({"bandwidth_bytes_per_s": 4.2e12, "reps": 10,
