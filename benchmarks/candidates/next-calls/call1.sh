@@ -3,9 +3,10 @@
 # fl.so, and .sanitizer/ with nvidia-cuda-sanitizer-api 13.5.25 = compute-sanitizer 2026.4.0; see ../README.md):
 # racecheck with 2026.4.0 on a step it can finish inside one call (2 full-width layers, dense + MoE, one live
 # row and a padding row, a 300-token history) for each kernel named as an argument, in order, e.g.
-#   bash call1.sh f0 fl base
+#   bash call1.sh fp f0 fl base
 # f0 / fl: a fence.proxy.async.shared::cta before the stage release, in the releasing lane / in every lane
-# (proxy-fence-lane0.patch / proxy-fence-each-lane.patch); base: main, whose records the session-M run showed.
+# (proxy-fence-lane0.patch / proxy-fence-each-lane.patch); fp: one in the producer before each stage's copies
+# (proxy-fence-producer.patch); base: main, whose records the session-M run showed.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
