@@ -34,6 +34,8 @@ CASES = [
     (4, 5, "final_norm"),
     (20, 0, "norm"), (20, 1, "norm"), (20, 1, "router"), (20, 1, "qkv"), (20, 1, "mlp_up"), (20, 1, "mlp_down"),
     (20, 1, "o_proj"), (20, 1, "moe_combine"),
+    # combine tasks of 8 heads, as from batch 9 on (batch 4 takes 4 a task), a sliding and a NoPE full layer
+    (20, 1, "attn_combine"), (20, 4, "attn_combine"),
 ]
 
 
