@@ -136,10 +136,9 @@ class StepShape:
             object.__setattr__(self, "qkv_batch_split", layout.qkv_batch_split_for(self.batch))
         if self.o_batch_split == 0:
             object.__setattr__(self, "o_batch_split", layout.o_batch_split_for(self.batch))
-        if not 1 <= self.o_batch_split <= self.batch:
-            raise ValueError(f"o_batch_split={self.o_batch_split}: 1 to the batch ({self.batch})")
-        if not 1 <= self.qkv_batch_split <= self.batch:
-            raise ValueError(f"qkv_batch_split={self.qkv_batch_split}: 1 to the batch ({self.batch})")
+        for name in ("qkv_batch_split", "o_batch_split"):
+            if not 1 <= getattr(self, name) <= self.batch:
+                raise ValueError(f"{name}={getattr(self, name)}: 1 to the batch ({self.batch})")
         if self.moe_combine_cols < 0 or self.moe_combine_cols % UNIT:
             raise ValueError(f"moe_combine_cols={self.moe_combine_cols}: a multiple of {UNIT} (0: {COMBINE_COLS})")
         waves = WAVE_ORDERS[self.order]
@@ -308,8 +307,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             raise ValueError(f"{choice} needs a norm wave: batch {B} folds the norm into its readers "
                              f"(norm={shape.norm!r})")
     # the QKV and O tasks' batch-row slices
-    k = shape.qkv_batch_split
-    qkv_slices = _batch_slices(B, k)
+    qkv_slices = _batch_slices(B, shape.qkv_batch_split)
     o_slices = _batch_slices(B, shape.o_batch_split)
     slots = layout.moe_slots(dims, B)
     heads_per_combine = _heads_per_combine(dims, shape)

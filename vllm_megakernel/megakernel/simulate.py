@@ -433,26 +433,32 @@ class Numerics:
         getattr(self, task.op.name.lower())(task.layer, **fields)
 
     # -- the residual stream and its norm
-    def _residual(self, layer: int, moe: int = 0) -> torch.Tensor:
-        """x_l: the embedding on layer 0, else (x + attn) + mlp of the previous layer, in the order vLLM adds
-        (bf16 rounding after each add); ``moe``: that mlp summed here from the expert outputs (a NORM task
-        with the previous layer's MoE combine folded in), not read from the mlp buffer."""
+    def _residual(self, layer: int, moe: int = 0, rows: slice = slice(None)) -> torch.Tensor:
+        """x_l (of ``rows``): the embedding on layer 0, else (x + attn) + mlp of the previous layer, in the
+        order vLLM adds (bf16 rounding after each add); ``moe``: that mlp summed here from the expert outputs
+        (a NORM task with the previous layer's MoE combine folded in), not read from the mlp buffer."""
         if layer == 0:
-            return self.w.embed[self.inp.input_ids.long()]
+            return self.w.embed[self.inp.input_ids.long()][rows]
         pp = (layer - 1) % 2
-        return self.x[pp] + self.o[pp] + (self._combined() if moe else self.mlp[pp])
+        return self.x[pp, rows] + self.o[pp, rows] + (self._combined(rows) if moe else self.mlp[pp, rows])
 
-    def _combined(self, cols: slice = slice(None)) -> torch.Tensor:
-        """The MoE combine's rows: sum_k topk_w[r, k] * eout[r * K + k] in fp32, rounded once; zero for a
-        padding row (not routed)."""
+    def _combined(self, rows: slice = slice(None), cols: slice = slice(None)) -> torch.Tensor:
+        """The MoE combine of ``rows``: sum_k topk_w[r, k] * eout[r * K + k] in fp32, rounded once; zero for
+        a padding row (not routed)."""
         K = self.dims.top_k
         width = self.eout[0, cols].numel()
-        acc = torch.zeros((self.mlp.shape[1], width), dtype=torch.float32, device=self.mlp.device)
-        for r in range(acc.shape[0]):
+        batch_rows = range(self.mlp.shape[1])[rows]
+        acc = torch.zeros((len(batch_rows), width), dtype=torch.float32, device=self.mlp.device)
+        for i, r in enumerate(batch_rows):
             if self.live[r]:
                 for k in range(K):
-                    acc[r] += self.topk_w[r, k] * self.eout[r * K + k, cols].float()
+                    acc[i] += self.topk_w[r, k] * self.eout[r * K + k, cols].float()
         return acc.to(self.mlp.dtype)
+
+    @staticmethod
+    def _task_rows(batch0: int, batch_rows: int) -> slice:
+        """A split task's batch rows (QKV_ROPE, O_PROJ): [batch0, batch0 + batch_rows), every row for 0."""
+        return slice(batch0, batch0 + batch_rows) if batch_rows else slice(None)
 
     def _normed(self, layer: int, fold: int) -> torch.Tensor:
         if not fold:
@@ -466,7 +472,7 @@ class Numerics:
         if row_warps not in (1, w) or rows > w or (row_warps == w and rows > 1) or (moe and row_warps != w):
             raise ValueError(f"NORM layer {layer}: rows={rows}, row_warps={row_warps}, moe={moe} has no kernel form")
         r = slice(row0, row0 + rows)
-        x = self._residual(layer, moe)[r]
+        x = self._residual(layer, moe, r)
         self.x[layer % 2, r] = x
         if final:
             out = rms_norm(x, self.w.final_norm, self.dims.eps)
@@ -482,7 +488,7 @@ class Numerics:
             self.x[layer % 2] = self._residual(layer)
         if batch_rows and norm:
             raise ValueError(f"QKV_ROPE layer {layer}: a batch-row slice with the norm folded in has no kernel form")
-        bs_ = slice(batch0, batch0 + batch_rows) if batch_rows else slice(None)  # the task's batch rows
+        bs_ = self._task_rows(batch0, batch_rows)
         y = self._normed(layer, norm)[bs_] @ self.w.layers[layer].qkv[row0:row0 + rows].t()  # [rows of bs_, rows]
         n = torch.arange(row0, row0 + rows, device=y.device)
         hq, hkv = dims.num_heads, dims.num_kv_heads
@@ -553,7 +559,7 @@ class Numerics:
 
     def o_proj(self, layer: int, row0: int, rows: int, batch0: int, batch_rows: int) -> None:
         c = slice(row0, row0 + rows)
-        bs_ = slice(batch0, batch0 + batch_rows) if batch_rows else slice(None)  # the task's batch rows
+        bs_ = self._task_rows(batch0, batch_rows)
         self.o[layer % 2, bs_, c] = self.attn[bs_] @ self.w.layers[layer].o[c].t()
 
     # -- dense prefix MLP
@@ -618,7 +624,7 @@ class Numerics:
 
     def moe_combine(self, layer: int, col0: int, cols: int) -> None:
         c = slice(col0, col0 + cols)
-        self.mlp[layer % 2, :, c] = self._combined(c)
+        self.mlp[layer % 2, :, c] = self._combined(cols=c)
 
 
 def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
