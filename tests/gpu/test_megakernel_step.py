@@ -80,30 +80,42 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
                 f"layer {layer} row {r}: kernel chose {chosen[layer, r].tolist()}, reference {own[r].tolist()}")
     print(f"routing differences at near-ties: {flips} of {len(routing) * int(live.sum())} (layer, row) pairs")
     assert (got[~live] == 0).all()
-    check_new_kv(inp, mk_inp, bulk_fill)
+    check_new_kv(inp, mk_inp)
     return result, step
 
 
-def check_new_kv(ref_inp, mk_inp, finite_caches):
-    """Both sides wrote the same new K/V in the same slots and touched nothing else. Caches filled whole with
-    finite values (long contexts) are compared at the new slots, then as a whole with those slots cleared,
-    one layer at a time (a cache is gigabytes)."""
-    if not finite_caches:
-        for a, b in zip(ref_inp.kv_caches, mk_inp.kv_caches):
-            written = torch.isfinite(a) != torch.isfinite(b)
-            assert not written.any()
-            fin = torch.isfinite(a)
-            assert torch.allclose(a[fin].float(), b[fin].float(), atol=0.05, rtol=0.02)
-        return
+def check_new_kv(ref_inp, mk_inp):
+    """Both sides wrote the same new K/V in the same slots and touched nothing else, one layer at a time (a
+    long context's cache is gigabytes; its new slots are cleared in place on both sides once compared).
+
+    The new slots: each row's K and each row's V (all KV heads, 512 values) within the module's tolerance, as
+    the output rows are: cosine >= 0.999 and max abs error <= 3% of the vector's max magnitude. (An elementwise
+    atol 0.05 / rtol 0.02 held here before: at batch 64 its margin on layer 4 was one bf16 step on main, and a
+    combine that only reorders the splits' sums crossed it while the output stayed at cosine 0.99987; session
+    N, benchmarks/results/h200-2026-12-02-v2-o-split-racecheck; there, on the CPU, the same step's bf16 reference
+    against an fp32 one: per-vector max rel err up to 1.7% at layer 4, each vector's max 2.2-2.9.) Every other
+    slot: bit-equal, NaN where NaN."""
     for layer, (a, b) in enumerate(zip(ref_inp.kv_caches, mk_inp.kv_caches)):
         slots = ref_inp.groups[ref_inp.layer_group[layer]].slot_mapping
-        slots = slots[slots >= 0].long()
+        rows = torch.nonzero(slots >= 0).flatten()
+        slots = slots[rows].long()
         bs = a.shape[2]
         blk, off = slots // bs, slots % bs
-        assert torch.allclose(a[blk, :, off].float(), b[blk, :, off].float(), atol=0.05, rtol=0.02)
+        want = a[blk, :, off].float().reshape(len(rows), 2, -1)  # [rows, K / V, kv heads x head dim]
+        got = b[blk, :, off].float().reshape(len(rows), 2, -1)
+        assert torch.isfinite(got).all(), f"layer {layer}: a new K/V value is not finite"
+        cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
+        err = (got - want).abs().amax(-1) / want.abs().amax(-1)
+        for name, bad in (("cosine", cos < 0.999), ("max rel err", err > 0.03)):
+            if bad.any():
+                r, kv = (int(i) for i in torch.nonzero(bad)[0])
+                raise AssertionError(f"layer {layer}, batch row {int(rows[r])}, new {'KV'[kv]}: {name} "
+                                     f"(cosine {cos[r, kv].item():.6f}, max rel err {err[r, kv].item():.4f})")
         a[blk, :, off] = 0
         b[blk, :, off] = 0
-        assert torch.equal(a, b), f"layer {layer}: the kernel wrote outside the new slots"
+        same = (a == b) | (a.isnan() & b.isnan())
+        assert same.all(), (f"layer {layer}: the kernel wrote outside the new slots "
+                            f"({int((~same).sum())} values, blocks {torch.nonzero(~same)[:, 0].unique()[:8].tolist()})")
 
 
 @pytest.mark.parametrize("batch, lengths, splits", [
