@@ -452,26 +452,33 @@ def test_o_tasks_split_by_batch_rows_run_the_same_step_race_free(dims, weights, 
     assert all(t.fields["batch_rows"] == 0 for t in unsplit.tasks if t.op == Op.O_PROJ)
 
 
-def test_from_batch_33_the_combine_folds_into_the_norm_and_qkv_tiles_split_by_default(dims, weights, monkeypatch):
+def test_from_batch_32_the_combine_folds_into_the_norm_and_qkv_tiles_split_by_default(dims, weights, monkeypatch):
     """layout.HEAD_SPLIT_FROM_BATCH: StepShape left to its defaults folds the MoE combine into the next norm and
-    splits each QKV tile in two batch-row slices from batch 33 (at the full model's size 128 QKV tasks of 80
-    weight rows at batch 64), and neither below it. With the threshold moved to 19, the default step at batch 19
-    takes both and still matches the reference, race-free."""
+    splits each QKV tile in two batch-row slices from batch 32, and neither below it; from WIDE_HEAD_FROM_BATCH
+    (33) the QKV tiles have 80 weight rows (128 QKV tasks at batch 64) and each O tile 32 rows in four batch-row
+    slices (256 O tasks at batch 64). With the thresholds moved to 19, the default step at batch 19 takes all of
+    it and still matches the reference, race-free."""
     config = json.loads((FULL_CONFIG / "config.json").read_text())
     full = ref.ModelDims.from_config(config)
     full_sizes = (config["intermediate_size"], config["prefix_dense_intermediate_size"])
-    for batch, on in ((16, False), (32, False), (33, True), (64, True)):
+    for batch, fold, o_split in ((16, False, 1), (31, False, 1), (32, True, 1), (33, True, 4), (64, True, 4)):
         shape = StepShape(batch=batch, num_sms=132)
-        assert (shape.combine_in_norm, shape.qkv_batch_split) == (on, 2 if on else 1)
-    assert layout.gemm_tiles(full, *full_sizes, 64).qkv_rows == 80
-    assert layout.gemm_tiles(full, *full_sizes, 32).qkv_rows == 64
+        assert (shape.combine_in_norm, shape.qkv_batch_split, shape.o_batch_split) == (fold, 2 if fold else 1, o_split)
+    assert [layout.gemm_tiles(full, *full_sizes, b).qkv_rows for b in (32, 33, 64)] == [64, 80, 80]
+    assert [layout.gemm_tiles(full, *full_sizes, b).o_rows for b in (32, 33, 64)] == [16, 32, 32]
+    at_64 = build_schedule(full, StepShape(batch=64, num_sms=132), *full_sizes)
+    assert [len([t for t in at_64.tasks if t.op == op and t.layer == 1]) for op in (Op.QKV_ROPE, Op.O_PROJ)] == [128, 256]
     # choices asked for still win over the default
-    assert StepShape(batch=64, num_sms=132, combine_in_norm=False, qkv_batch_split=1).qkv_batch_split == 1
+    shape = StepShape(batch=64, num_sms=132, combine_in_norm=False, qkv_batch_split=1, o_batch_split=1)
+    assert (shape.combine_in_norm, shape.qkv_batch_split, shape.o_batch_split) == (False, 1, 1)
     monkeypatch.setattr(layout, "HEAD_SPLIT_FROM_BATCH", 19)
+    monkeypatch.setattr(layout, "WIDE_HEAD_FROM_BATCH", 19)
     sched, got, expected = step_at_batch_19(dims, weights)
     assert not [t for t in sched.tasks if t.op == Op.MOE_COMBINE]
     qkv = [t for t in sched.tasks if t.op == Op.QKV_ROPE and t.layer == 1]
     assert sorted({(t.fields["batch0"], t.fields["batch_rows"]) for t in qkv}) == [(0, 9), (9, 10)]
+    o = [t for t in sched.tasks if t.op == Op.O_PROJ and t.layer == 1]
+    assert sorted({(t.fields["batch0"], t.fields["batch_rows"]) for t in o}) == [(0, 4), (4, 5), (9, 5), (14, 5)]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     simulate.check_races(sched)
 

@@ -126,12 +126,13 @@ def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
     # +0.6 / +0.2%: those keep 40-row QKV tasks and 4 router tasks, one task per SM at the head of each layer
     # (16 router tasks behind 128 QKV tasks put two on 12 SMs: +5% at batch 1, +2% at 8, PERF_LOG #12).
     chain_first = batch == 1
-    # from HEAD_SPLIT_FROM_BATCH each QKV tile is split in two batch-row slices (qkv_batch_split_for), so
-    # 80 weight rows a task make 128 tasks of half the rows
-    qkv_target = 80 if batch >= HEAD_SPLIT_FROM_BATCH else 64 if big or chain_first else 40
+    # from WIDE_HEAD_FROM_BATCH each QKV tile is split in two batch-row slices (qkv_batch_split_for), so
+    # 80 weight rows a task make 128 tasks of half the rows; O tiles of 32 rows in four slices (o_batch_split_for)
+    wide_head = batch >= WIDE_HEAD_FROM_BATCH
+    qkv_target = 80 if wide_head else 64 if big or chain_first else 40
     return GemmTiles(
         qkv_rows=tile(qkv_total, h, qkv_target, "qkv_rows"),
-        o_rows=tile(h, q, 16, "o_rows"),
+        o_rows=tile(h, q, 32 if wide_head else 16, "o_rows"),
         router_rows=tile(dims.num_experts, h, 8 if chain_first else 32, "router_rows"),
         dense_up_cols=tile(dense_intermediate, h, 32 if big else 16, "dense_up_cols", pair=True)
         if dense_intermediate else 0,
@@ -178,13 +179,20 @@ def fold_norm(batch: int) -> bool:
     return batch < WIDE_FROM_BATCH
 
 
-# From batch 33 the head of a layer changes (measured at batch 64 only; 33-63 take it unmeasured): the MoE
-# combine is folded into the next norm, and each QKV tile is split in two batch-row slices with 80 weight rows
-# a task (128 tasks of 80 x 32 rows instead of 80 of 64 x 64; the grouped GEMM's stage time grows with the
-# rows it holds, 3.8 us a stage at 64, 1.8 at 32). At batch 64 the step 26706 / 26738 us (default, twice) ->
+# From batch 32 the head of a layer changes: the MoE combine is folded into the next norm, and each QKV tile is
+# split in two batch-row slices (the grouped GEMM's stage time grows with the rows it holds, 3.8 us a stage at 64,
+# 1.8 at 32). At batch 64 (80-row QKV tiles, WIDE_HEAD_FROM_BATCH) the step 26706 / 26738 us (default, twice) ->
 # 26279 with the fold -> 25550 with the fold and the split (-4.4%) in one process
-# (benchmarks/results/h200-2026-12-02-v2-b64-head-racecheck, call 1; PERF_LOG #72-#75).
-HEAD_SPLIT_FROM_BATCH = 33
+# (benchmarks/results/h200-2026-12-02-v2-b64-head-racecheck, call 1; PERF_LOG #72-#75); at batch 32 (64-row
+# QKV tiles, so 16-row slices in the register form) 19550 -> 19175 us (-1.9%; h200-2026-12-02-v2-o-split-racecheck,
+# call 1, PERF_LOG #79). 33-63 take it unmeasured.
+HEAD_SPLIT_FROM_BATCH = 32
+
+# From batch 33 QKV tiles have 80 weight rows (128 tasks of 80 x 32 rows at batch 64 instead of 96 of 64 x 32),
+# and each O projection tile has 32 rows in four batch-row slices (at 64, 16-row slices in the register form: no
+# 512 KB activation reload from L2 a task). The O split at batch 64: 25693 us (default, twice) -> 25372 (-1.25%;
+# h200-2026-12-02-v2-o-split-racecheck, call 1, PERF_LOG #80); measured at 64 only.
+WIDE_HEAD_FROM_BATCH = 33
 
 
 def combine_in_norm_for(batch: int) -> bool:
@@ -199,9 +207,8 @@ def qkv_batch_split_for(batch: int) -> int:
 
 
 def o_batch_split_for(batch: int) -> int:
-    """Batch-row slices per O projection tile (schedule.StepShape's ``o_batch_split``): 1, unmeasured yet
-    (PERF_LOG #80)."""
-    return 1
+    """Batch-row slices per O projection tile (schedule.StepShape's ``o_batch_split``; see WIDE_HEAD_FROM_BATCH)."""
+    return 4 if batch >= WIDE_HEAD_FROM_BATCH else 1
 
 
 # -- attention splits

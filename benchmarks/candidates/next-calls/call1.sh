@@ -1,27 +1,22 @@
 #!/usr/bin/env bash
-# Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main, variants/ with base.so, f0.so,
-# fl.so, and .sanitizer/ with nvidia-cuda-sanitizer-api 13.5.25 = compute-sanitizer 2026.4.0; see ../README.md):
-# racecheck with 2026.4.0 on a step it can finish inside one call (2 full-width layers, dense + MoE, one live
-# row and a padding row, a 300-token history) for each kernel named as an argument, in order, e.g.
-#   bash call1.sh fp f0 fl base
-# f0 / fl: a fence.proxy.async.shared::cta before the stage release, in the releasing lane / in every lane
-# (proxy-fence-lane0.patch / proxy-fence-each-lane.patch); fp: one in the producer before each stage's copies
-# (proxy-fence-producer.patch); base: main, whose records the session-M run showed.
+# Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main, variants/ with base.so, cc.so
+# and fa.so): the kernel tests of main and cc under b0e4f45's K/V check (its first GPU run: main must pass it;
+# a failure names the layer, row and K / V, or the blocks written outside the new slots), then the A/B
+# base / cc / fa / cc / fa / base at batch 1, 8, 64 (kernel alone, one process environment) in the time left.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
 start=$(date +%s)
-python3 -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code /tmp/nmc-2l --seed 1 --num-layers 2 > $res/ckpt.log 2>&1
-w=$(ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl); d=/tmp/cs-13.5.25; rm -rf $d; python3 -m zipfile -e $w $d
-chmod -R u+x $d/nvidia/cu13; cs=$d/nvidia/cu13/bin/compute-sanitizer; $cs --version | tail -1 > $res/version.txt
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.memory --format=csv > $res/gpu.txt 2>&1
+python3 -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code /tmp/nmc-5l --seed 1 --num-layers 5 > $res/ckpt.log 2>&1
 so=$(ls vllm_megakernel/_C*.so); cp $so /tmp/main.so
-for v in "$@"; do
-  left=$(( 560 - ($(date +%s) - start) )); [ $left -lt 60 ] && { echo "$v: no time left"; continue; }
-  cp variants/$v.so $so
-  timeout $(( left < 170 ? left : 170 )) $cs --tool racecheck --racecheck-report all --print-limit 20 \
-    python3 tests/gpu/sanitize_step.py /tmp/nmc-2l --lengths 300,0 > $res/racecheck-$v.txt 2>&1
-  echo "$v racecheck rc=$? ($(( $(date +%s) - start )) s)"
-  grep -E "RACECHECK SUMMARY|step ok" $res/racecheck-$v.txt; grep -E "Error: Potential" $res/racecheck-$v.txt | sed 's/ at __shared__.*//' | sort | uniq -c
+for v in main cc; do
+  cp variants/$v.so $so 2>/dev/null || cp /tmp/main.so $so
+  MEGAKERNEL_TEST_CHECKPOINT=/tmp/nmc-5l timeout 110 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py \
+    tests/gpu/test_each_opcode.py > $res/tests-$v.txt 2>&1; echo "$v tests rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/tests-$v.txt
+  grep -E "^FAILED|^E  +AssertionError" $res/tests-$v.txt | head -6
 done
 cp /tmp/main.so $so
+timeout $(( 585 - ($(date +%s) - start) )) bash benchmarks/ab/run.sh variants $res/ab 1,8,64 base cc fa cc fa base > $res/ab.log 2>&1
+echo "ab rc=$? ($(( $(date +%s) - start )) s)"; tail -10 $res/ab.log
 cd $OUT && tar czf r.tgz r && rm -rf r

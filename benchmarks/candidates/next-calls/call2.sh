@@ -1,15 +1,38 @@
 #!/usr/bin/env bash
-# Next session, device call 2 (after five `install.sh --stash .offline-bundle/pN` calls on the same machine, N = 0..4,
-# each carrying .offline-bundle/pN and .offline-bundle/install.sh; this call carries main's extension (or the
-# winning variant's, copied over it first), .offline-bundle/install.sh, env.sh and bundle.sha256): inside vLLM
-# at 8K, batch 64, 32 and 16, both sides in one run.
+# Next session, device call 2 (a fresh machine or after call 1; carry vllm_megakernel/_C*.so = main, variants/ with
+# the kernels named as arguments, and .sanitizer/ with nvidia-cuda-sanitizer-api 13.5.25 = compute-sanitizer
+# 2026.4.0): racecheck of each kernel named, in order (e.g. `bash call2.sh fa fl`), on a 2-layer step (one live
+# row with a 300-token history, a padding row). Session N's runs of that step did not finish in 240 s with every
+# block instrumented; if this compute-sanitizer has --racecheck-filter-cluster-id (one cluster, or one block
+# without clusters), each kernel runs on block 17 (the block session N's records named) first, then on all blocks
+# in the time left.
 set -u
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
-env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $res/install.txt 2>&1; echo "install rc=$?"; tail -1 $res/install.txt
-export PYTHONPATH=$PWD; source .offline-bundle/env.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
-timeout 540 python -m benchmarks.decode_sweep --model configs/north-mini-code --load-format dummy \
-  --batch-sizes 64,32,16 --contexts 8192 --new-tokens 256 --cache-prompts --out $res/sweep > $res/sweep.log 2>&1
-echo "sweep rc=$?"; cat $res/sweep/table.md
+start=$(date +%s)
+python3 -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code /tmp/nmc-2l --seed 1 --num-layers 2 > $res/ckpt.log 2>&1
+w=$(ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl); d=/tmp/cs-13.5.25; rm -rf $d; python3 -m zipfile -e $w $d
+chmod -R u+x $d/nvidia/cu13; cs=$d/nvidia/cu13/bin/compute-sanitizer; $cs --version | tail -1 > $res/version.txt
+$cs --help > $res/help.txt 2>&1; grep -A3 -i "racecheck" $res/help.txt | head -60 > $res/help-racecheck.txt
+filter=(); grep -q -- "--racecheck-filter-cluster-id" $res/help.txt && filter=(--racecheck-filter-cluster-id 17)
+echo "filter: ${filter[*]:-none}"
+so=$(ls vllm_megakernel/_C*.so); cp $so /tmp/main.so
+race() {  # kernel, label, limit, extra options...
+  local v=$1 label=$2 limit=$3; shift 3
+  cp variants/$v.so $so
+  timeout $limit $cs --tool racecheck --racecheck-report all --print-limit 20 "$@" \
+    python3 tests/gpu/sanitize_step.py /tmp/nmc-2l --lengths 300,0 > $res/racecheck-$v-$label.txt 2>&1
+  echo "$v $label racecheck rc=$? ($(( $(date +%s) - start )) s)"
+  grep -E "RACECHECK SUMMARY|step ok" $res/racecheck-$v-$label.txt
+  grep -E "Error: Potential" $res/racecheck-$v-$label.txt | sed 's/ at __shared__.*//' | sort | uniq -c
+}
+for v in "$@"; do
+  left=$(( 570 - ($(date +%s) - start) )); [ $left -lt 60 ] && { echo "$v: no time left"; continue; }
+  if [ ${#filter[@]} -gt 0 ]; then race $v block17 $(( left < 150 ? left : 150 )) "${filter[@]}"; fi
+done
+for v in "$@"; do
+  left=$(( 570 - ($(date +%s) - start) )); [ $left -lt 60 ] && { echo "$v all blocks: no time left"; continue; }
+  race $v all $(( left < 240 ? left : 240 ))
+done
+cp /tmp/main.so $so
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next session, device call 3 (after call 2 on the same machine, the bundle installed there; carry main's extension,
+# A later session's attention call (after call3-sweep.sh on the same machine, the bundle installed there; carry main's extension,
 # variants/cc.so, .offline-bundle/install.sh, env.sh, bundle.sha256): issue #11's attention wave against FA3 where
 # it missed 1.2x: batch 8 at its default 17 splits (136 partial tasks for 132 SMs) and at 16 (PERF_LOG #59), and
 # batch 64 at 1K and 8K on main and on cc (attn-combine-by-column, #81: batch 64's combine tasks ran ~10 us).
