@@ -146,7 +146,7 @@ def test_wide_step_matches_reference(wide, batch, lengths, splits):
     (64, [int(x) for x in torch.randint(1, 3000, (61,), generator=torch.Generator().manual_seed(6))]),
 ])
 def test_moe_combine_folded_into_the_norm_matches_reference(wide, batch, lengths):
-    """combine_in_norm (a schedule choice where the norm is a wave, from batch 16; the default from 33): each NORM task sums one row's expert outputs
+    """combine_in_norm (a schedule choice where the norm is a wave, from batch 16; the default from 32): each NORM task sums one row's expert outputs
     itself on all eight consumer warps; padding rows included."""
     dims, w = wide
     (cos, err), _ = one_step(dims, w, lengths, batch, 4, combine_in_norm=True)

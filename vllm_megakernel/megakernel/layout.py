@@ -188,7 +188,7 @@ def fold_norm(batch: int) -> bool:
 # call 1, PERF_LOG #79). 33-63 take it unmeasured.
 HEAD_SPLIT_FROM_BATCH = 32
 
-# From batch 33 QKV tiles have 80 weight rows (128 tasks of 80 x 32 rows at batch 64 instead of 96 of 64 x 32),
+# From batch 33 QKV tiles have 80 weight rows (128 tasks of 80 x 32 rows at batch 64 instead of 160 of 64 x 32),
 # and each O projection tile has 32 rows in four batch-row slices (at 64, 16-row slices in the register form: no
 # 512 KB activation reload from L2 a task). The O split at batch 64: 25693 us (default, twice) -> 25372 (-1.25%;
 # h200-2026-12-02-v2-o-split-racecheck, call 1, PERF_LOG #80); measured at 64 only.
