@@ -2,11 +2,12 @@
 # Next session, device call 2 (a fresh machine or after call 1; carry vllm_megakernel/_C*.so = main, variants/ with
 # the kernels named as arguments, and .sanitizer/ with nvidia-cuda-sanitizer-api 13.5.25 = compute-sanitizer
 # 2026.4.0): racecheck of each kernel named, in order (e.g. `bash call2.sh fa fl`), on a 2-layer step (one live
-# row with a 300-token history, a padding row). Session N's runs of that step did not finish in 240 s with every
-# block instrumented; if this compute-sanitizer has --racecheck-filter-cluster-id (one cluster, or one block
-# without clusters), each kernel runs on block 17 (the block session N's records named) first, then on all blocks
-# in the time left. (A 1-layer step is not an option: Weights.intermediates() needs a MoE layer, and the first
-# layer is the dense one.)
+# row with a 300-token history, a padding row). Session N's runs of that step (~190 MB through the stage rings)
+# did not finish in 240 s with every block instrumented. So, per kernel: the step on block 17 only (the block
+# session N's records named) if this compute-sanitizer has --racecheck-filter-cluster-id (one cluster, or one
+# block without clusters); then every block on the step's prefix through layer 0's dense up/gate wave
+# (`sanitize_step.py --through mlp_up`: the QKV, attention and up/gate tasks, ~47 MB, where session N's records
+# were); then every block on the whole 2-layer step in the time left.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
@@ -18,22 +19,24 @@ $cs --help > $res/help.txt 2>&1; grep -A3 -i "racecheck" $res/help.txt | head -6
 filter=(); grep -q -- "--racecheck-filter-cluster-id" $res/help.txt && filter=(--racecheck-filter-cluster-id 17)
 echo "filter: ${filter[*]:-none}"
 so=$(ls vllm_megakernel/_C*.so); cp $so /tmp/main.so
-race() {  # kernel, label, limit, extra options...
-  local v=$1 label=$2 limit=$3; shift 3
+race() {  # kernel, label, limit, sanitize_step options (--through WAVE or none), then compute-sanitizer options...
+  local v=$1 label=$2 limit=$3 step=$4; shift 4
   cp variants/$v.so $so
   timeout $limit $cs --tool racecheck --racecheck-report all --print-limit 20 "$@" \
-    python3 tests/gpu/sanitize_step.py /tmp/nmc-2l --lengths 300,0 > $res/racecheck-$v-$label.txt 2>&1
+    python3 tests/gpu/sanitize_step.py /tmp/nmc-2l --lengths 300,0 $step > $res/racecheck-$v-$label.txt 2>&1
   echo "$v $label racecheck rc=$? ($(( $(date +%s) - start )) s)"
   grep -E "RACECHECK SUMMARY|step ok" $res/racecheck-$v-$label.txt
   grep -E "Error: Potential" $res/racecheck-$v-$label.txt | sed 's/ at __shared__.*//' | sort | uniq -c
 }
 for v in "$@"; do
   left=$(( 570 - ($(date +%s) - start) )); [ $left -lt 60 ] && { echo "$v: no time left"; continue; }
-  if [ ${#filter[@]} -gt 0 ]; then race $v block17 $(( left < 120 ? left : 120 )) "${filter[@]}"; fi
+  if [ ${#filter[@]} -gt 0 ]; then race $v block17 $(( left < 120 ? left : 120 )) "" "${filter[@]}"; fi
+  left=$(( 570 - ($(date +%s) - start) )); [ $left -lt 60 ] && continue
+  race $v through-up $(( left < 180 ? left : 180 )) "--through mlp_up"
 done
 for v in "$@"; do
   left=$(( 570 - ($(date +%s) - start) )); [ $left -lt 60 ] && { echo "$v all blocks: no time left"; continue; }
-  race $v all $(( left < 240 ? left : 240 ))
+  race $v all $(( left < 240 ? left : 240 )) ""
 done
 cp /tmp/main.so $so
 cd $OUT && tar czf r.tgz r && rm -rf r
