@@ -79,3 +79,23 @@ def test_a_write_into_an_unused_slot_fails(check_new_kv):
     cache[blk, 0, off] = 0
     with pytest.raises(AssertionError, match="layer 0: the kernel wrote outside the new slots"):
         check_new_kv(inp, mk)
+
+
+def test_caches_filled_whole_pass_clean_and_fail_a_history_write(check_new_kv):
+    """Long contexts fill whole caches with finite values (no NaN slots): a clean step passes, a write
+    outside the new slots fails."""
+    inp, mk = caches()
+    gen = torch.Generator().manual_seed(2)
+    for a, b in zip(inp.kv_caches, mk.kv_caches):
+        fill = torch.randn(a.shape, generator=gen).to(a.dtype)
+        nan = a.isnan()
+        a[nan] = fill[nan]
+        b[nan] = fill[nan]
+    check_new_kv(inp, mk)
+    inp, mk = caches()
+    for a, b in zip(inp.kv_caches, mk.kv_caches):
+        a.nan_to_num_(0.0)
+        b.nan_to_num_(0.0)
+    mk.kv_caches[2][0, 1, 0, 2, 7] += 0.5  # block 0, V, its token 0: no new slot (the new tokens sit at 5 and 30)
+    with pytest.raises(AssertionError, match="layer 2: the kernel wrote outside the new slots"):
+        check_new_kv(inp, mk)

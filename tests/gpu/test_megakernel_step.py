@@ -113,6 +113,8 @@ def check_new_kv(ref_inp, mk_inp):
                                      f"(cosine {cos[r, kv].item():.6f}, max rel err {err[r, kv].item():.4f})")
         a[blk, :, off] = 0
         b[blk, :, off] = 0
+        if torch.equal(a, b):  # no temporaries for a long context's gigabytes; NaN != NaN sends unfilled caches on
+            continue
         same = (a == b) | (a.isnan() & b.isnan())
         assert same.all(), (f"layer {layer}: the kernel wrote outside the new slots "
                             f"({int((~same).sum())} values, blocks {torch.nonzero(~same)[:, 0].unique()[:8].tolist()})")
