@@ -260,6 +260,11 @@ struct AttnCombineOp {
       den = warp_sum(den);
       if (c.lane == 0) sh.warp_den[c.warp] = den;
       consumer_sync();
+      // The trace's phase marks, on the task's first head: "inputs" ends once the splits' weights are known
+      // (the lse loads and two barriers), "stages" once the partial outputs are summed (before the last
+      // barrier and the store). A traced batch-1 task (1 head, 128 splits) ran 6.3 us with no phase of it
+      // known; loading the outputs earlier did not shorten it (PERF_LOG #82).
+      if (h == head0) c.mark_inputs();
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
       for (int s = c.warp; s < used; s += kConsumerWarps) {
@@ -271,6 +276,7 @@ struct AttnCombineOp {
         acc.w += w * v.w;
       }
       *reinterpret_cast<float4*>(&sh.part[c.warp][4 * c.lane]) = acc;
+      if (h == head0) c.mark_stages();
       consumer_sync();
       if (c.thread < D) {
         float num = 0.f, total = 0.f;
