@@ -126,8 +126,9 @@ def gemm_tiles(dims, moe_intermediate: int, dense_intermediate: int, batch: int,
     # +0.6 / +0.2%: those keep 40-row QKV tasks and 4 router tasks, one task per SM at the head of each layer
     # (16 router tasks behind 128 QKV tasks put two on 12 SMs: +5% at batch 1, +2% at 8, PERF_LOG #12).
     chain_first = batch == 1
-    # from WIDE_HEAD_FROM_BATCH each QKV tile is split in two batch-row slices (qkv_batch_split_for), so
-    # 80 weight rows a task make 128 tasks of half the rows; O tiles of 32 rows in four slices (o_batch_split_for)
+    # from HEAD_SPLIT_FROM_BATCH each QKV tile is split in two batch-row slices (qkv_batch_split_for); from
+    # WIDE_HEAD_FROM_BATCH with 80 weight rows a task (128 tasks of half the rows at 64), and O tiles of 32 rows
+    # in four slices (o_batch_split_for)
     wide_head = batch >= WIDE_HEAD_FROM_BATCH
     qkv_target = 80 if wide_head else 64 if big or chain_first else 40
     return GemmTiles(
