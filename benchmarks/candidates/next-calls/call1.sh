@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main, variants/ with base.so, cc.so
-# and fa.so): the kernel tests of main and cc under b0e4f45's K/V check (its first GPU run: main must pass it;
+# op.so and fa.so): the kernel tests of main and cc under b0e4f45's K/V check (its first GPU run: main must pass it;
 # a failure names the layer, row and K / V, or the blocks written outside the new slots), then the A/B
-# base / cc / fa / cc / fa / base at batch 1, 8, 64 (kernel alone, one process environment) in the time left.
+# base / cc / op / fa / base at batch 1, 8, 64 (kernel alone, one process environment) in the time left.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
@@ -17,6 +17,6 @@ for v in main cc; do
   grep -E "^FAILED|^E  +AssertionError" $res/tests-$v.txt | head -6
 done
 cp /tmp/main.so $so
-timeout $(( 585 - ($(date +%s) - start) )) bash benchmarks/ab/run.sh variants $res/ab 1,8,64 base cc fa cc fa base > $res/ab.log 2>&1
+timeout $(( 585 - ($(date +%s) - start) )) bash benchmarks/ab/run.sh variants $res/ab 1,8,64 base cc op fa base > $res/ab.log 2>&1
 echo "ab rc=$? ($(( $(date +%s) - start )) s)"; tail -10 $res/ab.log
 cd $OUT && tar czf r.tgz r && rm -rf r
