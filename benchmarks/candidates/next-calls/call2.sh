@@ -8,10 +8,11 @@
 # block without clusters); then every block on the step's prefix through layer 0's dense up/gate wave
 # (`sanitize_step.py --through mlp_up`: the QKV, attention and up/gate tasks, ~47 MB, where session N's records
 # were); then every block on the whole 2-layer step in the time left.
-# First, two traces (kernel_profile traces a process's first schedule only; ~150 s): batch 1 with 32-row QKV tiles
+# First, two traces (kernel_profile traces a process's first schedule only; ~190 s): batch 1 with 32-row QKV tiles
 # (160 QKV tasks, so 28 SMs run two in a row: the trace's "after its own opcode" row then says whether the QKV
 # task's 3.2 us inputs phase is a cold start -- code or data -- or the folded norm's own work; PERF_LOG #83), and
-# batch 64 with `qkv_batch_split=4` (PERF_LOG #77's miss: +0.4% against -2.5% predicted).
+# batch 64 with `qkv_batch_split=4` (PERF_LOG #77's miss: +0.4% against -2.5% predicted), with the 48-column
+# up/gate tasks timed in the same process (PERF_LOG #86).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
@@ -23,10 +24,10 @@ $cs --help > $res/help.txt 2>&1; grep -A3 -i "racecheck" $res/help.txt | head -6
 filter=(); grep -q -- "--racecheck-filter-cluster-id" $res/help.txt && filter=(--racecheck-filter-cluster-id 17)
 echo "filter: ${filter[*]:-none}"
 so=$(ls vllm_megakernel/_C*.so); cp $so /tmp/main.so
-for b in "1 qkv_rows=32" "64 qkv_batch_split=4"; do
+for b in "1 qkv_rows=32;default" "64 qkv_batch_split=4;moe_up_cols=48;default"; do
   batch=${b%% *} sched=${b#* }  # (not `set --`: the kernels to racecheck are this script's arguments)
-  timeout 130 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes $batch --iters 5 \
-    --schedules "$sched;default" --out $res/trace-$batch > $res/trace-$batch.log 2>&1
+  timeout 180 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes $batch --iters 5 \
+    --schedules "$sched" --out $res/trace-$batch > $res/trace-$batch.log 2>&1
   echo "trace batch $batch ($sched) rc=$? ($(( $(date +%s) - start )) s)"; grep -h "us per step" $res/trace-$batch.log
 done
 race() {  # kernel, label, limit, sanitize_step options (--through WAVE or none), then compute-sanitizer options...
