@@ -35,15 +35,15 @@ def caches():
     for layer, cache in enumerate(inp.kv_caches):
         slots = inp.groups[inp.layer_group[layer]].slot_mapping
         slots = slots[slots >= 0].long()
-        new = torch.randn(cache[slots // 16, :, slots % 16].shape, generator=gen)
-        cache[slots // 16, :, slots % 16] = new.to(cache.dtype)
+        blk, off = slots // cache.shape[2], slots % cache.shape[2]
+        cache[blk, :, off] = torch.randn(cache[blk, :, off].shape, generator=gen).to(cache.dtype)
     mk = dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
     return inp, mk
 
 
 def new_slot(inp, layer, row):
-    slot = int(inp.groups[inp.layer_group[layer]].slot_mapping[row])
-    return slot // 16, slot % 16
+    slot, bs = int(inp.groups[inp.layer_group[layer]].slot_mapping[row]), inp.kv_caches[layer].shape[2]
+    return slot // bs, slot % bs
 
 
 def test_new_kv_within_bf16_noise_passes(check_new_kv):

@@ -178,8 +178,8 @@ def test_o_split_by_batch_rows_matches_reference(wide, batch, live, split, tiles
 
 
 def test_batch_64_with_the_combine_wave_and_whole_qkv_tiles_matches_reference(wide):
-    """Batch 64 as it ran before the head split became its default (layout.HEAD_SPLIT_FROM_BATCH): the MOE_COMBINE
-    wave and 80 QKV tasks of all 64 rows."""
+    """Batch 64 without the head split (layout.HEAD_SPLIT_FROM_BATCH): the MOE_COMBINE wave and whole QKV tiles
+    (64 tasks of 80 weight rows over all 64 batch rows); the O projection takes batch 64's default."""
     dims, w = wide
     lengths = [int(x) for x in torch.randint(1, 3000, (61,), generator=torch.Generator().manual_seed(8))]
     (cos, err), _ = one_step(dims, w, lengths, 64, 4, combine_in_norm=False, qkv_batch_split=1)
