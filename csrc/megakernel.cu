@@ -236,8 +236,7 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
       }
       ptx::mbarrier_arrive(&pipe.done[slot]);
     }
-    __syncwarp();  // the warp is done with the descriptor's words
-    if (c.lane == 0) ptx::mbarrier_arrive(&pipe.desc_empty[slot]);
+    ptx::mbarrier_arrive(&pipe.desc_empty[slot]);  // this lane is done with the descriptor's words
   }
 }
 

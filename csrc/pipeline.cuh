@@ -3,14 +3,18 @@
 // Descriptor ring (kDescSlots): task i lives in slot i % kDescSlots. desc_full[s] completes a phase when
 // the 32 producer lanes have stored their word of the descriptor (count 32); done[s] when the consumers
 // have finished the task (count 1: the consumer leader, after a named barrier of all consumers that
-// follows their writes); desc_empty[s] when every consumer warp and the signaller are done with the
-// task, descriptor words included (count kConsumerWarps + 1). The signaller cannot be lapped: slot s is
-// refilled only after its arrival on desc_empty[s].
+// follows their writes); desc_empty[s] when every consumer lane and the signaller are done with the
+// task, descriptor words included (count kConsumerWarps x 32 + 1: each lane's own arrival, a release at CTA
+// scope, orders its own reads of the words before the producer's rewrite; an arrival by lane 0 after
+// __syncwarp() leaves lanes 1-31's reads unordered for compute-sanitizer 2026.4's racecheck, as CUTLASS's
+// pipelines count every consumer thread). The signaller cannot be lapped: slot s is refilled only after its
+// arrival on desc_empty[s].
 //
 // Stage ring (kStages buffers of kStageBytes): the producer's n-th stage lives in buffer n % kStages.
 // full[s] completes when the producer's arrive (count 1, with the stage's byte count as expected
-// transaction bytes) and every bulk copy into the buffer have landed; empty[s] when every consumer warp
-// has released it (count kConsumerWarps). Every consumer warp walks every stage of every task in order,
+// transaction bytes) and every bulk copy into the buffer have landed; empty[s] when every consumer lane
+// has released it (count kConsumerWarps x 32: each lane's own proxy fence and arrival order its own reads
+// before the refill, see StageConsumer::release). Every consumer warp walks every stage of every task in order,
 // also the stages it does not read, so that the arrival counts hold; both sides derive a task's stage
 // count from the same descriptor and device data.
 //
@@ -60,12 +64,12 @@ struct PipelineStorage {
   __device__ void init() {
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], kConsumerWarps);
+      ptx::mbarrier_init(&empty[s], kConsumerWarps * 32);
     }
     for (int s = 0; s < kDescSlots; ++s) {
       ptx::mbarrier_init(&desc_full[s], 32);
       ptx::mbarrier_init(&done[s], 1);
-      ptx::mbarrier_init(&desc_empty[s], kConsumerWarps + 1);
+      ptx::mbarrier_init(&desc_empty[s], kConsumerWarps * 32 + 1);
     }
     abort = 0;
     filled_stages = filled_descs = 0;
@@ -140,10 +144,15 @@ struct StageConsumer {
   }
   // The next stage once its copies have landed; nullptr as wait_ahead().
   __device__ const uint8_t* wait() { return wait_ahead(0); }
-  // After the whole warp is done reading the stage.
+  // After this lane is done reading the stage (every lane of every consumer warp calls it). The producer
+  // refills the buffer with cp.async.bulk, a write of the async proxy, and our reads were the generic proxy's:
+  // the PTX memory model orders them only through a proxy fence, which covers the executing thread's own
+  // accesses, so each lane fences and then arrives itself (release, CTA scope) -- an arrival by lane 0 after
+  // __syncwarp() leaves lanes 1-31's reads unordered for compute-sanitizer 2026.4's racecheck. The producer's
+  // acquire wait on empty[s] then precedes its copies.
   __device__ void release() {
-    __syncwarp();
-    if (Role::lane() == 0) ptx::mbarrier_arrive(&p.empty[n % kStages]);
+    ptx::fence_proxy_async(ptx::space_shared);
+    ptx::mbarrier_arrive(&p.empty[n % kStages]);
     ++n;
   }
 };
