@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
-# Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main, variants/ with base.so, cc.so
-# op.so and fa.so): the kernel tests of main and cc under b0e4f45's K/V check (its first GPU run: main must pass it;
-# a failure names the layer, row and K / V, or the blocks written outside the new slots), then the A/B
-# base / cc / op / fa / base at batch 1, 8, 64 (kernel alone, one process environment) in the time left.
+# Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main, variants/ with base.so (= main)
+# and sw.so (candidate producer-descriptor-syncwarp), .sanitizer/ with nvidia-cuda-sanitizer-api 13.5.25 =
+# compute-sanitizer 2026.4.0): sw under racecheck on the 2-layer step (session O: main has 0 errors and 9 warp-level
+# warnings there, the ones sw's __syncwarp() is for), then tests/gpu/test_sanitizer.py with that compute-sanitizer
+# (memcheck, racecheck, synccheck on the 5-layer step with 4500 / 7 / 0 histories: #10's "sanitizer clean"; its
+# racecheck has not finished on v2 before), then sw's kernel tests, then the two traces session N planned in the
+# time left (batch 1 with 32-row QKV tiles: is the QKV task's 3 us inputs phase a cold start? batch 64 with
+# qkv_batch_split=4, PERF_LOG #77's miss, with 48-column up/gate tasks timed beside it, #86).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
-start=$(date +%s)
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.memory --format=csv > $res/gpu.txt 2>&1
-python3 -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code /tmp/nmc-5l --seed 1 --num-layers 5 > $res/ckpt.log 2>&1
+start=$(date +%s); limit=570
+python3 -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code /tmp/nmc-2l --seed 1 --num-layers 2 > $res/ckpt.log 2>&1
+w=$(ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl); d=/tmp/cs-13.5.25; rm -rf $d; python3 -m zipfile -e $w $d
+chmod -R u+x $d/nvidia/cu13; cs=$d/nvidia/cu13/bin/compute-sanitizer
 so=$(ls vllm_megakernel/_C*.so); cp $so /tmp/main.so
-for v in main cc; do
-  cp variants/$v.so $so 2>/dev/null || cp /tmp/main.so $so
-  MEGAKERNEL_TEST_CHECKPOINT=/tmp/nmc-5l timeout 110 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py \
-    tests/gpu/test_each_opcode.py > $res/tests-$v.txt 2>&1; echo "$v tests rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/tests-$v.txt
-  grep -E "^FAILED|^E  +AssertionError" $res/tests-$v.txt | head -6
-done
+cp variants/sw.so $so
+timeout 90 $cs --tool racecheck --racecheck-report all --print-limit 20 \
+  python3 tests/gpu/sanitize_step.py /tmp/nmc-2l --lengths 300,0 > $res/racecheck-sw-2l.txt 2>&1
+echo "sw 2-layer racecheck rc=$? ($(( $(date +%s) - start )) s)"; grep -E "RACECHECK SUMMARY|step ok" $res/racecheck-sw-2l.txt
+grep -E "Error: Potential|Warning: " $res/racecheck-sw-2l.txt | sed 's/ at __shared__.*//' | sort | uniq -c
+COMPUTE_SANITIZER=$cs MEGAKERNEL_TEST_CHECKPOINT=/tmp/nmc-5l timeout 300 python3 -m pytest -q -rA -p no:cacheprovider \
+  --durations=3 tests/gpu/test_sanitizer.py > $res/sanitizer-sw.txt 2>&1
+echo "sw test_sanitizer rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/sanitizer-sw.txt; grep -E "^(PASSED|FAILED)" $res/sanitizer-sw.txt
+MEGAKERNEL_TEST_CHECKPOINT=/tmp/nmc-5l timeout $(( limit - ($(date +%s) - start) )) python3 -m pytest -q -rA -p no:cacheprovider \
+  tests/gpu/test_each_opcode.py tests/gpu/test_megakernel_step.py > $res/tests-sw.txt 2>&1
+echo "sw tests rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/tests-sw.txt; grep -E "^FAILED|^E  +AssertionError" $res/tests-sw.txt | head -6
 cp /tmp/main.so $so
-timeout $(( 585 - ($(date +%s) - start) )) bash benchmarks/ab/run.sh variants $res/ab 1,8,64 base cc op fa base > $res/ab.log 2>&1
-echo "ab rc=$? ($(( $(date +%s) - start )) s)"; tail -10 $res/ab.log
+for b in "1 qkv_rows=32;default" "64 qkv_batch_split=4;moe_up_cols=48;default"; do
+  left=$(( limit - ($(date +%s) - start) )); [ $left -lt 60 ] && { echo "trace $b: no time left"; continue; }
+  batch=${b%% *} sched=${b#* }
+  timeout $(( left < 180 ? left : 180 )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
+    --batch-sizes $batch --iters 5 --schedules "$sched" --out $res/trace-$batch > $res/trace-$batch.log 2>&1
+  echo "trace batch $batch ($sched) rc=$? ($(( $(date +%s) - start )) s)"; grep -h "us per step" $res/trace-$batch.log
+done
 cd $OUT && tar czf r.tgz r && rm -rf r
