@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,59 @@ fi
     assert own.read_text() == "own"
     assert "| fast-2 | 4.20 | 950 us (-5.0%) |" in (out / "ab.md").read_text()
     assert "| fast-2 | 4.20 | 950 us (-5.0%) |" in done.stdout
+
+
+# benchmarks/ab/interleaved.py: the in-process A/B (its GPU path runs on the device host)
+
+from benchmarks.ab import interleaved
+
+
+def test_variants_parse_as_named_extensions_the_first_the_base():
+    got = interleaved.parse_variants("base=variants/base.so, fad=variants/fad.so")
+    assert got == [("base", Path("variants/base.so")), ("fad", Path("variants/fad.so"))]
+    for bad, says in [("base=a.so", "at least two"), ("base=a.so,base=b.so", "twice"), ("base,fad=b.so", "NAME=PATH"),
+                      ("base=a.so,f-d=b.so", "plain name")]:
+        with pytest.raises(ValueError, match=says):
+            interleaved.parse_variants(bad)
+
+
+def test_rotated_rounds_give_every_variant_every_place_once():
+    names = ["base", "a", "b"]
+    orders = interleaved.round_orders(names, 6)
+    assert all(sorted(o) == sorted(names) for o in orders)
+    for place in range(3):
+        firsts = [o[place] for o in orders[:3]]
+        assert sorted(firsts) == sorted(names)
+    assert orders[3:] == orders[:3]
+
+
+def test_changes_are_paired_round_by_round_so_a_slow_round_moves_both_sides():
+    # the rounds drift by 20% (a slow process state, a clock step); the variant is 1% faster in each round
+    base = [100.0, 110.0, 120.0, 105.0]
+    got = interleaved.paired_changes({"base": base, "v": [t * 0.99 for t in base]}, "base")
+    assert got["v"]["change"] == pytest.approx(-0.01)
+    assert got["v"]["change_min"] == pytest.approx(-0.01) and got["v"]["change_max"] == pytest.approx(-0.01)
+    # the drift shows in the base's own spread over rounds, not in the paired change
+    assert got["base"]["spread"] == pytest.approx(20 / statistics.median(base))
+    assert got["base"]["change"] == 0
+    with pytest.raises(ValueError, match="rounds"):
+        interleaved.paired_changes({"base": base, "v": base[:2]}, "base")
+    text = interleaved.table([{"batch": 1, "variants": got, "bit_equal": {"v": False},
+                               "output_cosine": {"v": 0.9999876}}], "base")
+    assert "| 1 | v | 106 | -1.00% | -1.00 .. -1.00% | 18.6% | cosine 0.999988 |" in text
+    assert "| 1 | base | 108 | - | - | 18.6% | - |" in text
+
+
+def test_an_extension_of_another_abi_or_without_the_decode_kernel_is_refused(tmp_path):
+    """load_extension's checks, on stand-in modules (a build's own .so loads only on the GPU host's Python)."""
+    for name, info, says in [("old", {"decode_kernel": True, "abi_version": 10}, "ABI 10"),
+                             ("nodecode", {"decode_kernel": False, "abi_version": 11}, "without the decode kernel")]:
+        path = tmp_path / f"{name}.py"
+        path.write_text(f"def build_info():\n    return {info!r}\n")
+        with pytest.raises(ValueError, match=says):
+            interleaved.load_extension(name, path, 11)
+    ok = tmp_path / "ok.py"
+    ok.write_text("def build_info():\n    return {'decode_kernel': True, 'abi_version': 11}\n")
+    assert interleaved.load_extension("ok", ok, 11).build_info()["abi_version"] == 11
+    with pytest.raises(FileNotFoundError, match="no extension"):
+        interleaved.load_extension("missing", tmp_path / "missing.so", 11)

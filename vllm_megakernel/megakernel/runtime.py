@@ -196,16 +196,19 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     )
 
 
-def launch(step: DeviceStep) -> None:
-    """Enqueues one step on torch's current stream: zero the barriers, run the kernel. No host sync."""
-    from vllm_megakernel import _C
+def launch(step: DeviceStep, ext=None) -> None:
+    """Enqueues one step on torch's current stream: zero the barriers, run the kernel. No host sync. ``ext``: the
+    extension module to launch (default the package's own ``_C``; benchmarks.ab.interleaved passes other builds
+    of the same ABI)."""
+    if ext is None:
+        from vllm_megakernel import _C as ext
 
     if step.unsupported:
         raise ValueError("the megakernel is compiled for another model shape: " + "; ".join(step.unsupported))
     step.barriers.zero_()
     if step.trace is not None:  # a dead slot's skipped task leaves no record: none may stay from a launch before
         step.trace.zero_()
-    _C.launch_decode(
+    ext.launch_decode(
         step_table=step.step_table.data_ptr(), layer_table=step.layer_table.data_ptr(),
         tasks=step.tasks.data_ptr(), max_tasks=step.tasks.shape[1], grid=step.tasks.shape[0],
         barriers=step.barriers.data_ptr(), error=step.error.data_ptr(),

@@ -1,0 +1,201 @@
+"""Kernel A/B in one process: every variant's extension loaded side by side and timed on the very same steps
+(the same weights, KV cache, workspace, barriers and tables), in interleaved rounds.
+
+    python -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes 1,8,64 \
+        --variants base=variants/base.so,fad=variants/fad.so [--rounds 6] [--iters 20] [--context 8192] \
+        [--schedule default] [--out DIR]
+
+Why: batch 1's kernel-alone step has differed between processes running the same kernel by up to 10-13%
+(session J's defaults, 2566-2860 us; PERF_LOG #58, #67), more than any change looked for there, so run.sh's
+one process per variant cannot decide at batch 1 (session O: both base runs 1.1% apart, all three candidates
+6-8% below both, with no wave in their traces moved for a reason). Here the variants share one process and one set of allocations; each round
+times every variant ``--iters`` launches (median of the round), in an order rotated round by round (each variant
+first as often as the others), and each variant's change is the median over rounds of its round median against
+the base's round median of the same round (paired: a slow round moves both). What still differs between the
+variants: the kernel's code, and where each extension's code lands.
+
+The variants must be built for this checkout's ABI (benchmarks/ab/build.sh: the same commit's Python side). Each
+is checked before it is timed: its ``build_info`` names this ABI and a decode kernel, and its step output
+matches the base variant's (cosine >= 0.999 over the whole batch's hidden rows: a fast wrong kernel is caught,
+not timed; whether it is bit-equal to the base's is recorded too). The first variant is the base. --schedule:
+one kernel_profile schedule string, the same for every variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+OUTPUT_MIN_COSINE = 0.999
+
+
+def parse_variants(text: str) -> list[tuple[str, Path]]:
+    """'base=a.so,fad=b.so' -> [('base', Path('a.so')), ('fad', Path('b.so'))]; names unique and plain (they
+    name modules), at least two variants (the first is the base)."""
+    out = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--variants: {item!r} is not NAME=PATH")
+        if not name.isidentifier():
+            raise ValueError(f"--variants: {name!r} is not a plain name (letters, digits, _)")
+        out.append((name, Path(path)))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--variants: a name is given twice ({', '.join(names)})")
+    if len(out) < 2:
+        raise ValueError("--variants: at least two (the first is the base)")
+    return out
+
+
+def load_extension(name: str, path: Path, abi_version: int):
+    """Loads one variant's extension as its own module (``ab_<name>._C``: the init function a pybind11 module
+    exports is named after the last component, so every copy loads; the bindings define functions only, so
+    copies do not collide) and checks that it is a decode kernel of this checkout's ABI."""
+    if not path.is_file():
+        raise FileNotFoundError(f"variant {name}: no extension at {path}")
+    spec = importlib.util.spec_from_file_location(f"ab_{name}._C", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    info = module.build_info()
+    if not info.get("decode_kernel"):
+        raise ValueError(f"variant {name} ({path}): built without the decode kernel")
+    if info.get("abi_version") != abi_version:
+        raise ValueError(f"variant {name} ({path}): ABI {info.get('abi_version')}, this checkout's is "
+                         f"{abi_version}: build it from this commit (benchmarks/ab/build.sh)")
+    return module
+
+
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """Round r times the variants rotated by r: over len(names) rounds each variant holds each place once."""
+    n = len(names)
+    return [names[r % n:] + names[:r % n] for r in range(rounds)]
+
+
+def paired_changes(round_medians: dict[str, list[float]], base: str) -> dict[str, dict]:
+    """Per variant: its median over rounds (us) and its change against the base, round by round (its round
+    median over the base's of the same round, less 1): the median of those and their range. The base's own
+    row has changes of 0: its spread over rounds is in ``spread`` (max - min over its median)."""
+    ref = round_medians[base]
+    out = {}
+    for name, times in round_medians.items():
+        if len(times) != len(ref):
+            raise ValueError(f"{name}: {len(times)} rounds against the base's {len(ref)}")
+        changes = [t / b - 1 for t, b in zip(times, ref)]
+        med = statistics.median(times)
+        out[name] = {"median_us": med, "change": statistics.median(changes), "change_min": min(changes),
+                     "change_max": max(changes), "spread": (max(times) - min(times)) / med}
+    return out
+
+
+def table(results: list[dict], base: str) -> str:
+    """Markdown: a row per batch and variant: the median step, the paired change against the base (median over
+    rounds, and the rounds' range), the variant's own spread over rounds."""
+    lines = ["| batch | variant | step us (median of rounds) | change vs " + base + " (median of rounds) | "
+             "range over rounds | own spread over rounds | output vs " + base + " |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        for name, c in r["variants"].items():
+            change = "-" if name == base else f"{100 * c['change']:+.2f}%"
+            span = "-" if name == base else f"{100 * c['change_min']:+.2f} .. {100 * c['change_max']:+.2f}%"
+            out = "-" if name == base else ("bit-equal" if r.get("bit_equal", {}).get(name)
+                                           else f"cosine {r.get('output_cosine', {}).get(name, float('nan')):.6f}")
+            lines.append(f"| {r['batch']} | {name} | {c['median_us']:.0f} | {change} | {span} | "
+                         f"{100 * c['spread']:.1f}% | {out} |")
+    return "\n".join(lines) + "\n"
+
+
+def time_batch(dims, weights, modules: dict, batch: int, context: int, rounds: int, iters: int, num_sms: int,
+               seed: int, schedule: str = "default") -> dict:
+    import torch
+
+    from benchmarks.kernel_profile import gpu_clocks, parse_schedule, random_step_inputs
+    from benchmarks.sol import cuda_times
+    from vllm_megakernel.megakernel import runtime
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+
+    inp = random_step_inputs(dims, batch, context, seed)
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, **parse_schedule(schedule)),
+                           *weights.intermediates())
+    step = runtime.build_step(sched, weights, inp)
+    names = list(modules)
+    outputs = {}
+    for name in names:  # every variant checked before any is timed
+        runtime.launch(step, ext=modules[name])
+        runtime.check(step)
+        outputs[name] = step.out.float().clone()
+    cosines, bit_equal = {}, {}
+    for name in names:
+        bit_equal[name] = bool(torch.equal(outputs[name], outputs[names[0]]))
+        cos = torch.nn.functional.cosine_similarity(outputs[name].flatten(), outputs[names[0]].flatten(), dim=0)
+        cosines[name] = float(cos)
+        if not cosines[name] >= OUTPUT_MIN_COSINE:
+            raise AssertionError(f"batch {batch}: variant {name}'s step output against {names[0]}'s: cosine "
+                                 f"{cosines[name]:.6f} < {OUTPUT_MIN_COSINE}")
+    clocks = [gpu_clocks()]
+    medians = {name: [] for name in names}
+    orders = round_orders(names, rounds)
+    for order in orders:
+        for name in order:
+            ext = modules[name]
+            times = cuda_times(lambda: runtime.launch(step, ext=ext), iters, warmup=3)
+            medians[name].append(statistics.median(times) * 1e6)
+    runtime.check(step)
+    clocks.append(gpu_clocks())
+    return {"batch": batch, "context": context, "schedule": schedule, "rounds": rounds, "iters": iters,
+            "orders": orders, "round_medians_us": medians, "output_cosine": cosines, "bit_equal": bit_equal,
+            "clocks": clocks,
+            "variants": paired_changes(medians, names[0])}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a config dir (weights are random, made on the GPU)")
+    ap.add_argument("--variants", required=True, help="NAME=PATH,... of extensions built by ab/build.sh; the "
+                                                      "first is the base")
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--schedule", default="default", help="one kernel_profile schedule, for every variant")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.iters < 1:
+        ap.error("--rounds and --iters must be at least 1")
+    variants = parse_variants(args.variants)
+    from benchmarks.kernel_profile import parse_schedule
+
+    parse_schedule(args.schedule)  # a typo fails before minutes of GPU work
+
+    import torch
+
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel import abi
+
+    modules = {name: load_extension(name, path, abi.ABI_VERSION) for name, path in variants}
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    dims = ref.ModelDims.from_config(config)
+    weights = ref.Weights.random(dims, config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0,
+                                 "cuda", seed=args.seed)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base = variants[0][0]
+    results = []
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        results.append(time_batch(dims, weights, modules, b, args.context, args.rounds, args.iters, num_sms,
+                                  args.seed, args.schedule))
+        text = table(results, base)
+        if args.out:  # rewritten after every batch: a run cut by a time limit keeps what it measured
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "table.md").write_text(text)
+            (args.out / "results.json").write_text(json.dumps(
+                {"variants": {n: str(p) for n, p in variants}, "results": results}, indent=1))
+        torch.cuda.empty_cache()
+        print(f"batch {b} done", flush=True)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
