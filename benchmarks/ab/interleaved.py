@@ -2,8 +2,8 @@
 (the same weights, KV cache, workspace, barriers and tables), in interleaved rounds.
 
     python -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes 1,8,64 \
-        --variants base=variants/base.so,fad=variants/fad.so [--rounds 6] [--iters 20] [--context 8192] \
-        [--schedule default] [--out DIR]
+        --variant base=variants/base.so --variant fad=variants/fad.so \
+        [--variant q32=variants/base.so@qkv_rows=32] [--rounds 6] [--iters 20] [--context 8192] [--out DIR]
 
 Why: batch 1's kernel-alone step has differed between processes running the same kernel by up to 10-13%
 (session J's defaults, 2566-2860 us; PERF_LOG #58, #67), more than any change looked for there, so run.sh's
@@ -14,11 +14,14 @@ first as often as the others), and each variant's change is the median over roun
 the base's round median of the same round (paired: a slow round moves both). What still differs between the
 variants: the kernel's code, and where each extension's code lands.
 
-The variants must be built for this checkout's ABI (benchmarks/ab/build.sh: the same commit's Python side). Each
-is checked before it is timed: its ``build_info`` names this ABI and a decode kernel, and its step output
-matches the base variant's (cosine >= 0.999 over the whole batch's hidden rows: a fast wrong kernel is caught,
-not timed; whether it is bit-equal to the base's is recorded too). The first variant is the base. --schedule:
-one kernel_profile schedule string, the same for every variant.
+A variant is an extension and a schedule (a kernel_profile schedule string after `@`, default "default"):
+variants of one schedule share one step; a schedule of its own gets its own step (its own workspace and
+tables, on the same weights and KV cache), so a schedule against a schedule is paired by rounds but not by
+buffers. The extensions must be built for this checkout's ABI (benchmarks/ab/build.sh: the same commit's Python
+side). Each variant is checked before any is timed: its extension's ``build_info`` names this ABI and a
+decode kernel, and its step output matches the base variant's (cosine >= 0.999 over the whole batch's hidden
+rows: a fast wrong kernel is caught, not timed; whether it is bit-equal is recorded too). The first variant is
+the base.
 """
 
 from __future__ import annotations
@@ -32,22 +35,24 @@ from pathlib import Path
 OUTPUT_MIN_COSINE = 0.999
 
 
-def parse_variants(text: str) -> list[tuple[str, Path]]:
-    """'base=a.so,fad=b.so' -> [('base', Path('a.so')), ('fad', Path('b.so'))]; names unique and plain (they
-    name modules), at least two variants (the first is the base)."""
+def parse_variants(items: list[str]) -> list[tuple[str, Path, str]]:
+    """['base=a.so', 'q32=a.so@qkv_rows=32,attn_splits=64'] -> [('base', Path('a.so'), 'default'),
+    ('q32', Path('a.so'), 'qkv_rows=32,attn_splits=64')]; names unique and plain (they name modules), at least
+    two variants (the first is the base)."""
     out = []
-    for item in (s.strip() for s in text.split(",") if s.strip()):
-        name, sep, path = item.partition("=")
+    for item in (s.strip() for s in items):
+        name, sep, rest = item.partition("=")
+        path, _, schedule = rest.partition("@")
         if not sep or not name or not path:
-            raise ValueError(f"--variants: {item!r} is not NAME=PATH")
+            raise ValueError(f"--variant: {item!r} is not NAME=PATH[@SCHEDULE]")
         if not name.isidentifier():
-            raise ValueError(f"--variants: {name!r} is not a plain name (letters, digits, _)")
-        out.append((name, Path(path)))
-    names = [n for n, _ in out]
+            raise ValueError(f"--variant: {name!r} is not a plain name (letters, digits, _)")
+        out.append((name, Path(path), schedule.strip() or "default"))
+    names = [n for n, _, _ in out]
     if len(set(names)) != len(names):
-        raise ValueError(f"--variants: a name is given twice ({', '.join(names)})")
+        raise ValueError(f"--variant: a name is given twice ({', '.join(names)})")
     if len(out) < 2:
-        raise ValueError("--variants: at least two (the first is the base)")
+        raise ValueError("--variant: at least two (the first is the base)")
     return out
 
 
@@ -107,8 +112,9 @@ def table(results: list[dict], base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def time_batch(dims, weights, modules: dict, batch: int, context: int, rounds: int, iters: int, num_sms: int,
-               seed: int, schedule: str = "default") -> dict:
+def time_batch(dims, weights, variants: list[tuple[str, object, str]], batch: int, context: int, rounds: int,
+               iters: int, num_sms: int, seed: int) -> dict:
+    """variants: (name, extension module, schedule), the base first."""
     import torch
 
     from benchmarks.kernel_profile import gpu_clocks, parse_schedule, random_step_inputs
@@ -117,13 +123,15 @@ def time_batch(dims, weights, modules: dict, batch: int, context: int, rounds: i
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 
     inp = random_step_inputs(dims, batch, context, seed)
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, **parse_schedule(schedule)),
-                           *weights.intermediates())
-    step = runtime.build_step(sched, weights, inp)
-    names = list(modules)
+    steps = {}
+    for schedule in dict.fromkeys(s for _, _, s in variants):
+        shape = StepShape(batch=batch, num_sms=num_sms, **parse_schedule(schedule))
+        steps[schedule] = runtime.build_step(build_schedule(dims, shape, *weights.intermediates()), weights, inp)
+    names = [n for n, _, _ in variants]
+    runs = {n: (ext, steps[s]) for n, ext, s in variants}
     outputs = {}
-    for name in names:  # every variant checked before any is timed
-        runtime.launch(step, ext=modules[name])
+    for name, (ext, step) in runs.items():  # every variant checked before any is timed
+        runtime.launch(step, ext=ext)
         runtime.check(step)
         outputs[name] = step.out.float().clone()
     cosines, bit_equal = {}, {}
@@ -139,43 +147,48 @@ def time_batch(dims, weights, modules: dict, batch: int, context: int, rounds: i
     orders = round_orders(names, rounds)
     for order in orders:
         for name in order:
-            ext = modules[name]
+            ext, step = runs[name]
             times = cuda_times(lambda: runtime.launch(step, ext=ext), iters, warmup=3)
             medians[name].append(statistics.median(times) * 1e6)
-    runtime.check(step)
+    for _, step in runs.values():
+        runtime.check(step)
     clocks.append(gpu_clocks())
-    return {"batch": batch, "context": context, "schedule": schedule, "rounds": rounds, "iters": iters,
-            "orders": orders, "round_medians_us": medians, "output_cosine": cosines, "bit_equal": bit_equal,
-            "clocks": clocks,
-            "variants": paired_changes(medians, names[0])}
+    return {"batch": batch, "context": context, "schedules": {n: s for n, _, s in variants}, "rounds": rounds,
+            "iters": iters, "orders": orders, "round_medians_us": medians, "output_cosine": cosines,
+            "bit_equal": bit_equal, "clocks": clocks, "variants": paired_changes(medians, names[0])}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a config dir (weights are random, made on the GPU)")
-    ap.add_argument("--variants", required=True, help="NAME=PATH,... of extensions built by ab/build.sh; the "
-                                                      "first is the base")
+    ap.add_argument("--variant", action="append", default=[], help="NAME=PATH[@SCHEDULE]: an extension built by "
+                    "ab/build.sh and a kernel_profile schedule (default: default); give it once per variant, the base first")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--schedule", default="default", help="one kernel_profile schedule, for every variant")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.iters < 1:
         ap.error("--rounds and --iters must be at least 1")
-    variants = parse_variants(args.variants)
+    variants = parse_variants(args.variant)
     from benchmarks.kernel_profile import parse_schedule
 
-    parse_schedule(args.schedule)  # a typo fails before minutes of GPU work
+    for _, _, schedule in variants:
+        parse_schedule(schedule)  # a typo fails before minutes of GPU work
 
     import torch
 
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import abi
 
-    modules = {name: load_extension(name, path, abi.ABI_VERSION) for name, path in variants}
+    modules = {}
+    for name, path, _ in variants:  # one module per extension file: variants of one build share it
+        key = path.resolve()
+        if key not in modules:
+            modules[key] = load_extension(name, path, abi.ABI_VERSION)
+    runs = [(name, modules[path.resolve()], schedule) for name, path, schedule in variants]
     config = json.loads((Path(args.model) / "config.json").read_text())
     dims = ref.ModelDims.from_config(config)
     weights = ref.Weights.random(dims, config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0,
@@ -184,14 +197,14 @@ def main(argv=None) -> None:
     base = variants[0][0]
     results = []
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        results.append(time_batch(dims, weights, modules, b, args.context, args.rounds, args.iters, num_sms,
-                                  args.seed, args.schedule))
+        results.append(time_batch(dims, weights, runs, b, args.context, args.rounds, args.iters, num_sms, args.seed))
         text = table(results, base)
         if args.out:  # rewritten after every batch: a run cut by a time limit keeps what it measured
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "table.md").write_text(text)
             (args.out / "results.json").write_text(json.dumps(
-                {"variants": {n: str(p) for n, p in variants}, "results": results}, indent=1))
+                {"variants": {n: {"extension": str(p), "schedule": s} for n, p, s in variants}, "results": results},
+                indent=1))
         torch.cuda.empty_cache()
         print(f"batch {b} done", flush=True)
     print(text)

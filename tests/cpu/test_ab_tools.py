@@ -141,11 +141,14 @@ fi
 from benchmarks.ab import interleaved
 
 
-def test_variants_parse_as_named_extensions_the_first_the_base():
-    got = interleaved.parse_variants("base=variants/base.so, fad=variants/fad.so")
-    assert got == [("base", Path("variants/base.so")), ("fad", Path("variants/fad.so"))]
-    for bad, says in [("base=a.so", "at least two"), ("base=a.so,base=b.so", "twice"), ("base,fad=b.so", "NAME=PATH"),
-                      ("base=a.so,f-d=b.so", "plain name")]:
+def test_variants_parse_as_named_extensions_with_a_schedule_each_the_first_the_base():
+    got = interleaved.parse_variants(["base=variants/base.so", " fad=variants/fad.so ",
+                                      "q32=variants/base.so@qkv_rows=32,attn_splits=64"])
+    assert got == [("base", Path("variants/base.so"), "default"), ("fad", Path("variants/fad.so"), "default"),
+                   ("q32", Path("variants/base.so"), "qkv_rows=32,attn_splits=64")]
+    for bad, says in [(["base=a.so"], "at least two"), (["base=a.so", "base=b.so"], "twice"),
+                      (["base", "fad=b.so"], "NAME=PATH"), (["base=a.so", "f-d=b.so"], "plain name"),
+                      (["base=a.so", "x=@qkv_rows=32"], "NAME=PATH")]:
         with pytest.raises(ValueError, match=says):
             interleaved.parse_variants(bad)
 

@@ -4,7 +4,8 @@
 # 1. benchmarks.ab.interleaved (every extension in one process, the same steps, rotated rounds; its first GPU run):
 #    an A/A pair (base, base2: the same code loaded twice, so the paired change and its range are the method's
 #    own noise, code placement included), prefad (what the per-lane releases of d818944 cost at batch 1 and 8,
-#    which session O could not tell in separate processes) and sw, at batch 1, 8, 64.
+#    which session O could not tell in separate processes), sw, and main with 32-row QKV tiles (q32: a schedule
+#    with a step of its own), at batch 1, 8, 64.
 # 2. the two traces planned since session N: batch 1 with 32-row QKV tiles (28 SMs run two QKV tasks in a row:
 #    is the QKV task's 3 us inputs phase a cold start, code or data?) and batch 64 with qkv_batch_split=4
 #    (PERF_LOG #77's miss) with 48-column up/gate tasks timed beside it (#86).
@@ -13,8 +14,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res
 start=$(date +%s); limit=570
 timeout 240 python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes 1,8,64 --rounds 8 \
-  --iters 30 --variants base=variants/base.so,base2=variants/base2.so,prefad=variants/prefad.so,sw=variants/sw.so \
-  --out $res/interleaved > $res/interleaved.log 2>&1
+  --iters 30 --variant base=variants/base.so --variant base2=variants/base2.so --variant prefad=variants/prefad.so \
+  --variant sw=variants/sw.so --variant q32=variants/base.so@qkv_rows=32 --out $res/interleaved > $res/interleaved.log 2>&1
 echo "interleaved rc=$? ($(( $(date +%s) - start )) s)"; tail -16 $res/interleaved.log
 for b in "1 qkv_rows=32;default" "64 qkv_batch_split=4;moe_up_cols=48;default"; do
   left=$(( limit - ($(date +%s) - start) )); [ $left -lt 60 ] && { echo "trace $b: no time left"; continue; }
