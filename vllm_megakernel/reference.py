@@ -160,8 +160,13 @@ class Weights:
     layers: list[LayerWeights]
 
     def intermediates(self) -> tuple[int, int]:
-        """(expert FFN width, dense-prefix FFN width or 0), read off the weights' shapes."""
-        moe_i = next(lw.w2.shape[2] for lw in self.layers if lw.w2 is not None)
+        """(expert FFN width, dense-prefix FFN width or 0), read off the weights' shapes. The schedule builder
+        sizes the expert tiles from the first, so a model without a MoE layer (a checkpoint cut to its dense
+        first layer) is refused here, by name."""
+        moe_i = next((lw.w2.shape[2] for lw in self.layers if lw.w2 is not None), None)
+        if moe_i is None:
+            raise ValueError(f"the weights hold no MoE layer ({len(self.layers)} layers, all dense): the megakernel's "
+                             "schedule needs at least one (cut a checkpoint to 2 layers or more)")
         dense_i = next((lw.down.shape[1] for lw in self.layers if lw.down is not None), 0)
         return moe_i, dense_i
 

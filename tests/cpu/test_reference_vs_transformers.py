@@ -119,6 +119,12 @@ def test_weights_report_their_ffn_widths_and_move_whole(weights):
     assert all(t.device.type == "meta" for t in (moved.layers[1].w13, moved.layers[1].w2, moved.final_norm))
 
 
+def test_weights_without_a_moe_layer_are_refused_by_name_not_with_a_stopiteration(weights):
+    dense_only = ref.Weights(weights.embed, weights.final_norm, weights.layers[:1])
+    with pytest.raises(ValueError, match="no MoE layer"):
+        dense_only.intermediates()
+
+
 def test_near_tie_rule_accepts_only_choices_within_tolerance_of_the_kth_score():
     scores = torch.tensor([0.90, 0.80, 0.700, 0.695, 0.60])  # k = 3: the k-th best is 0.700
     assert ref.is_near_tie(scores, torch.tensor([0, 1, 3]), 3)  # 0.695 is 0.005 below it
