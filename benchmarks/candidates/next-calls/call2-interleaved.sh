@@ -6,7 +6,8 @@
 #    own noise, code placement included), prefad (what the per-lane releases of d818944 cost at batch 1 and 8,
 #    which session O could not tell in separate processes), sw, and main with 32-row QKV tiles (q32: a schedule
 #    with a step of its own), at batch 1, 8, 64.
-# 2. the two traces planned since session N: batch 1 with 32-row QKV tiles (28 SMs run two QKV tasks in a row:
+# 2. attention split counts at batch 8 (16, 15 against 17) and 1 (64 against 128), each batch in a process of its own.
+# 3. the two traces planned since session N: batch 1 with 32-row QKV tiles (28 SMs run two QKV tasks in a row:
 #    is the QKV task's 3 us inputs phase a cold start, code or data?) and batch 64 with qkv_batch_split=4
 #    (PERF_LOG #77's miss) with 48-column up/gate tasks timed beside it (#86).
 set -u
@@ -17,6 +18,16 @@ timeout 240 python3 -m benchmarks.ab.interleaved --model configs/north-mini-code
   --iters 30 --variant base=variants/base.so --variant base2=variants/base2.so --variant prefad=variants/prefad.so \
   --variant sw=variants/sw.so --variant q32=variants/base.so@qkv_rows=32 --out $res/interleaved > $res/interleaved.log 2>&1
 echo "interleaved rc=$? ($(( $(date +%s) - start )) s)"; tail -16 $res/interleaved.log
+# attention split counts where the defaults were last decided on older kernels, paired in one process each:
+# batch 8 at 16 / 15 splits against the default 17 (136 partial tasks on 132 SMs; PERF_LOG #59 predicted 16 -1 to
+# -2%), batch 1 at 64 against the default 128 splits
+for spec in "8 s16=variants/base.so@attn_splits=16 s15=variants/base.so@attn_splits=15" \
+            "1 s64=variants/base.so@attn_splits=64"; do
+  set -- $spec; batch=$1; shift; extra=(); for v in "$@"; do extra+=(--variant "$v"); done
+  timeout 120 python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $batch --rounds 8 \
+    --iters 30 --variant base=variants/base.so "${extra[@]}" --out $res/splits-$batch > $res/splits-$batch.log 2>&1
+  echo "splits batch $batch rc=$? ($(( $(date +%s) - start )) s)"; tail -6 $res/splits-$batch.log
+done
 for b in "1 qkv_rows=32;default" "64 qkv_batch_split=4;moe_up_cols=48;default"; do
   left=$(( limit - ($(date +%s) - start) )); [ $left -lt 60 ] && { echo "trace $b: no time left"; continue; }
   batch=${b%% *} sched=${b#* }
