@@ -193,3 +193,66 @@ def test_an_extension_of_another_abi_or_without_the_decode_kernel_is_refused(tmp
     assert interleaved.load_extension("ok", ok, 11).build_info()["abi_version"] == 11
     with pytest.raises(FileNotFoundError, match="no extension"):
         interleaved.load_extension("missing", tmp_path / "missing.so", 11)
+
+
+def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_the_table(tmp_path, monkeypatch):
+    """main()'s wiring on the CPU, its GPU pieces stood in for: variants of one schedule run one step, a schedule
+    of its own gets its own; every variant is launched with its own extension; the table and results.json
+    carry every batch and variant; a variant whose output differs from the base's is refused before timing."""
+    import types
+
+    import torch
+
+    from benchmarks import kernel_profile, sol
+    from conftest import FULL_CONFIG
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel import runtime
+
+    exts = {}
+
+    def fake_load(name, path, abi_version):
+        exts[name] = types.SimpleNamespace(name=name, path=path)
+        return exts[name]
+
+    built, launched = [], []
+
+    def fake_build_step(sched, weights, inp):
+        built.append(sched)
+        return types.SimpleNamespace(schedule=sched, out=None)
+
+    # the kernel's output: the same for every extension unless it is named "wrong"; a step time per extension
+    def fake_launch(step, ext=None):
+        launched.append((ext.name, step.schedule.tiles.qkv_rows))
+        step.out = torch.full((2, 4), 2.0 if ext.name == "wrong" else 1.0) + torch.arange(4.0)
+        step.out[0, 0] = -1.0 if ext.name == "wrong" else 1.0
+
+    monkeypatch.setattr(interleaved, "load_extension", fake_load)
+    monkeypatch.setattr(runtime, "build_step", fake_build_step)
+    monkeypatch.setattr(runtime, "launch", fake_launch)
+    monkeypatch.setattr(runtime, "check", lambda step: None)
+    monkeypatch.setattr(kernel_profile, "random_step_inputs", lambda dims, b, ctx, seed: object())
+    monkeypatch.setattr(kernel_profile, "gpu_clocks", lambda: None)
+    step_us = {"base": 100e-6, "fast": 99e-6, "q32": 101e-6}
+    monkeypatch.setattr(sol, "cuda_times", lambda fn, iters, warmup=2: (fn(), [step_us[launched[-1][0]]] * iters)[1])
+    monkeypatch.setattr(ref.Weights, "random", classmethod(lambda cls, *a, **k: types.SimpleNamespace(
+        intermediates=lambda: (768, 12288))))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    # q32 names base's file: one extension, two schedules
+    interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1,8", "--rounds", "3", "--iters", "2",
+                      "--variant", "base=b.so", "--variant", "fast=f.so", "--variant", "q32=b.so@qkv_rows=32",
+                      "--out", str(tmp_path)])
+    assert sorted(exts) == ["base", "fast"]  # q32 shares base's module
+    assert [s.tiles.qkv_rows for s in built] == [64, 32, 40, 32]  # per batch: the default's step, then q32's
+    rows = {name: {r for n, r in launched if n == name} for name in exts}
+    assert rows == {"base": {64, 40, 32}, "fast": {64, 40}}  # fast on the default's steps; q32 = base's module
+    text = (tmp_path / "table.md").read_text()
+    assert "| 1 | fast | 99 | -1.00% |" in text and "| 8 | fast | 99 | -1.00% |" in text
+    assert "| 8 | q32 | 100 | +0.00% |" in text
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["variants"]["q32"] == {"extension": "b.so", "schedule": "qkv_rows=32"}
+    assert [r["orders"] for r in res["results"]][0] == [["base", "fast", "q32"], ["fast", "q32", "base"],
+                                                        ["q32", "base", "fast"]]
+    with pytest.raises(AssertionError, match="wrong's step output"):
+        interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--variant", "base=b.so",
+                          "--variant", "wrong=w.so"])
