@@ -105,10 +105,8 @@ def random_step_inputs(dims, batch: int, context: int, seed: int):
 
 def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: int, seed: int,
                   schedule: str = "default") -> dict:
-    import torch
-
     from benchmarks.sol import cuda_times
-    from vllm_megakernel.megakernel import runtime, trace
+    from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 
     inp = random_step_inputs(dims, batch, context, seed)
@@ -121,8 +119,24 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     clocks.append(gpu_clocks())
     runtime.check(plain)
 
+    out = {"batch": batch, "context": context, "schedule": schedule, "attn_splits": shape.attn_splits,
+           "tiles": dataclasses.asdict(sched.tiles), "tasks": len(sched.tasks),
+           "step_us_median": statistics.median(times), "step_us_min": min(times),
+           "clocks": clocks}  # before and after the timed launches (None where nvidia-smi could not say)
+    out.update(traced_launch(dims, weights, inp, sched))
+    return out
+
+
+def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
+    """One traced launch of ``sched`` (with the routing log) on ``ext`` (default the package's extension): the
+    report's per-wave table, layer timeline, SMs' layer ends, split by previous opcode, the distinct experts
+    the kernel chose, and every task's record (``task_trace``)."""
+    import torch
+
+    from vllm_megakernel.megakernel import runtime, trace
+
     traced = runtime.build_step(sched, weights, inp, route_log=True, trace=True)
-    runtime.launch(traced)
+    runtime.launch(traced, ext=ext)
     runtime.check(traced)
     step_us, rows = trace.summarize(sched, traced.trace)
     middle = trace.middle_moe_layers(dims)
@@ -132,7 +146,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     ran = trace.ran_tasks(sched, rec)  # a dead slot's skipped expert task has no record
     ops, waves = [int(t.op) for t in sched.tasks], [t.wave for t in sched.tasks]
     previous = trace.after_previous(ops, waves, rec, ran)
-    chosen = runtime.routing_log(traced.workspace, dims, batch)
+    chosen = runtime.routing_log(traced.workspace, dims, len(inp.input_ids))
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
     t0 = int(rec[ran, 1].min())
@@ -141,11 +155,7 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     task_trace = {"sm": rec[:, 0].to(torch.int16), "times_ns": trace_times.to(torch.int32),
                   "op": torch.tensor(ops, dtype=torch.int16),
                   "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16), "waves": waves}
-    return {"batch": batch, "context": context, "schedule": schedule, "attn_splits": shape.attn_splits,
-            "tiles": dataclasses.asdict(sched.tiles), "tasks": len(sched.tasks),
-            "step_us_median": statistics.median(times), "step_us_min": min(times),
-            "clocks": clocks,  # before and after the timed launches (None where nvidia-smi could not say)
-            "traced_step_us": step_us, "distinct_experts": distinct,
+    return {"traced_step_us": step_us, "distinct_experts": distinct,
             "waves": [dataclasses.asdict(r) for r in rows],
             "timeline": {"layers": f"MoE layers {middle[0]}-{middle[-1]}", "next_layer_us": next_layer_us,
                          "waves": [dataclasses.asdict(r) for r in timeline]},

@@ -21,12 +21,14 @@ buffers. The extensions must be built for this checkout's ABI (benchmarks/ab/bui
 side). Each variant is checked before any is timed: its extension's ``build_info`` names this ABI and a
 decode kernel, and its step output matches the base variant's (cosine >= 0.999 over the whole batch's hidden
 rows: a fast wrong kernel is caught, not timed; whether it is bit-equal is recorded too). The first variant is
-the base.
+the base. After the rounds, one traced launch per variant gives kernel_profile's per-wave report (report.md, a
+row per variant; its step time the median of the variant's rounds).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import statistics
@@ -117,16 +119,17 @@ def time_batch(dims, weights, variants: list[tuple[str, object, str]], batch: in
     """variants: (name, extension module, schedule), the base first."""
     import torch
 
-    from benchmarks.kernel_profile import gpu_clocks, parse_schedule, random_step_inputs
+    from benchmarks.kernel_profile import gpu_clocks, parse_schedule, random_step_inputs, traced_launch
     from benchmarks.sol import cuda_times
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 
     inp = random_step_inputs(dims, batch, context, seed)
-    steps = {}
+    steps, shapes = {}, {}
     for schedule in dict.fromkeys(s for _, _, s in variants):
-        shape = StepShape(batch=batch, num_sms=num_sms, **parse_schedule(schedule))
-        steps[schedule] = runtime.build_step(build_schedule(dims, shape, *weights.intermediates()), weights, inp)
+        shapes[schedule] = StepShape(batch=batch, num_sms=num_sms, **parse_schedule(schedule))
+        steps[schedule] = runtime.build_step(build_schedule(dims, shapes[schedule], *weights.intermediates()),
+                                             weights, inp)
     names = [n for n, _, _ in variants]
     runs = {n: (ext, steps[s]) for n, ext, s in variants}
     outputs = {}
@@ -153,9 +156,21 @@ def time_batch(dims, weights, variants: list[tuple[str, object, str]], batch: in
     for _, step in runs.values():
         runtime.check(step)
     clocks.append(gpu_clocks())
+    # one traced launch per variant after the timing: kernel_profile's per-wave report, a row per variant
+    profiles = []
+    for name, ext, schedule in variants:
+        step = runs[name][1]
+        profiles.append({"batch": batch, "context": context,
+                         "schedule": name + ("" if schedule == "default" else f" ({schedule})"),
+                         "attn_splits": shapes[schedule].attn_splits, "tiles": dataclasses.asdict(step.schedule.tiles),
+                         "tasks": len(step.schedule.tasks), "step_us_median": statistics.median(medians[name]),
+                         "step_us_min": min(medians[name]), "clocks": clocks,
+                         **{k: v for k, v in traced_launch(dims, weights, inp, step.schedule, ext).items()
+                            if k != "task_trace"}})
     return {"batch": batch, "context": context, "schedules": {n: s for n, _, s in variants}, "rounds": rounds,
             "iters": iters, "orders": orders, "round_medians_us": medians, "output_cosine": cosines,
-            "bit_equal": bit_equal, "clocks": clocks, "variants": paired_changes(medians, names[0])}
+            "bit_equal": bit_equal, "clocks": clocks, "variants": paired_changes(medians, names[0]),
+            "profiles": profiles}
 
 
 def main(argv=None) -> None:
@@ -189,7 +204,11 @@ def main(argv=None) -> None:
         if key not in modules:
             modules[key] = load_extension(name, path, abi.ABI_VERSION)
     runs = [(name, modules[path.resolve()], schedule) for name, path, schedule in variants]
+    from benchmarks.kernel_profile import report
+    from benchmarks.sol import measure_bandwidth
+
     config = json.loads((Path(args.model) / "config.json").read_text())
+    bandwidth = measure_bandwidth()
     dims = ref.ModelDims.from_config(config)
     weights = ref.Weights.random(dims, config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0,
                                  "cuda", seed=args.seed)
@@ -202,9 +221,10 @@ def main(argv=None) -> None:
         if args.out:  # rewritten after every batch: a run cut by a time limit keeps what it measured
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "table.md").write_text(text)
+            (args.out / "report.md").write_text(report([p for r in results for p in r["profiles"]], bandwidth, config))
             (args.out / "results.json").write_text(json.dumps(
-                {"variants": {n: {"extension": str(p), "schedule": s} for n, p, s in variants}, "results": results},
-                indent=1))
+                {"variants": {n: {"extension": str(p), "schedule": s} for n, p, s in variants},
+                 "bandwidth_bytes_per_s": bandwidth, "results": results}, indent=1))
         torch.cuda.empty_cache()
         print(f"batch {b} done", flush=True)
     print(text)

@@ -197,8 +197,9 @@ def test_an_extension_of_another_abi_or_without_the_decode_kernel_is_refused(tmp
 
 def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_the_table(tmp_path, monkeypatch):
     """main()'s wiring on the CPU, its GPU pieces stood in for: variants of one schedule run one step, a schedule
-    of its own gets its own; every variant is launched with its own extension; the table and results.json
-    carry every batch and variant; a variant whose output differs from the base's is refused before timing."""
+    of its own gets its own; every variant is launched (and traced) with its own extension; the table, the
+    per-wave report and results.json carry every batch and variant; a variant whose output differs from the
+    base's is refused before timing."""
     import types
 
     import torch
@@ -232,6 +233,14 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
     monkeypatch.setattr(runtime, "check", lambda step: None)
     monkeypatch.setattr(kernel_profile, "random_step_inputs", lambda dims, b, ctx, seed: object())
     monkeypatch.setattr(kernel_profile, "gpu_clocks", lambda: None)
+    traced = []
+
+    def fake_traced_launch(dims, weights, inp, sched, ext=None):
+        traced.append((ext.name, sched.tiles.qkv_rows))
+        return {"traced_step_us": 1.0, "distinct_experts": 8.0, "waves": [], "task_trace": None}
+
+    monkeypatch.setattr(kernel_profile, "traced_launch", fake_traced_launch)
+    monkeypatch.setattr(sol, "measure_bandwidth", lambda: 4.0e12)
     step_us = {"base": 100e-6, "fast": 99e-6, "q32": 101e-6}
     monkeypatch.setattr(sol, "cuda_times", lambda fn, iters, warmup=2: (fn(), [step_us[launched[-1][0]]] * iters)[1])
     monkeypatch.setattr(ref.Weights, "random", classmethod(lambda cls, *a, **k: types.SimpleNamespace(
@@ -249,6 +258,10 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
     text = (tmp_path / "table.md").read_text()
     assert "| 1 | fast | 99 | -1.00% |" in text and "| 8 | fast | 99 | -1.00% |" in text
     assert "| 8 | q32 | 100 | +0.00% |" in text
+    assert traced == [("base", 64), ("fast", 64), ("base", 32), ("base", 40), ("fast", 40), ("base", 32)]
+    rep = (tmp_path / "report.md").read_text()  # kernel_profile's report, a row per variant and batch
+    assert "HBM copy bandwidth measured in this run: 4.00 TB/s" in rep
+    assert "| 8 | 8192 | q32 (qkv_rows=32) | 17 |" in rep and "| 1 | 8192 | fast | 128 |" in rep
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["variants"]["q32"] == {"extension": "b.so", "schedule": "qkv_rows=32"}
     assert [r["orders"] for r in res["results"]][0] == [["base", "fast", "q32"], ["fast", "q32", "base"],
