@@ -62,6 +62,24 @@ def test_a_slower_wave_on_the_critical_path_lengthens_the_layer_and_an_unknown_w
         timing.timeline(sched, {k: v for k, v in durations.items() if k != "o_proj"})
 
 
+def test_a_delayed_signal_moves_only_the_waiters_not_the_sm_that_ran_the_task(dims):
+    """signal_delay_us (the signal-delay probes): a wave's tasks end when they did, their SMs go on at once,
+    and every task waiting on one of their barriers starts the delay later, as far as that barrier held it."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, attn_min_tiles=1), TINY_I, TINY_DENSE_I)
+    durations = durations_for(sched)
+    base = timing.timeline(sched, durations)
+    late = timing.timeline(sched, durations, signal_delay_us={"router_topk": 4.0})
+    topk = [t for t in sched.tasks if t.wave == "router_topk"]
+    first = topk[0]
+    assert late.end[first.index] == pytest.approx(base.end[first.index])  # the task itself: unchanged
+    waiters = [t for t in sched.tasks if first.signal in t.waits]
+    assert waiters and all(late.start[t.index] >= late.end[first.index] + 4.0 + 1.0 - 1e-9 for t in waiters)
+    moe = [i for i in range(1, dims.num_layers - 1) if not dims.dense[i]]
+    # every expert task waits on the top-k: the layer moves by the whole delay, as a 4 us longer top-k would
+    longer = timing.timeline(sched, dict(durations, router_topk=durations["router_topk"] + 4.0))
+    assert late.layer_period(sched, moe) == pytest.approx(longer.layer_period(sched, moe))
+
+
 def test_schedule_model_table_compares_schedules_on_a_profiles_durations(dims):
     from benchmarks import schedule_model
 

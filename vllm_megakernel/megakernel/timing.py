@@ -11,6 +11,8 @@ does. Times are in microseconds.
 - ``hop_us``: from a barrier's last signal to a waiting task's start (the signaller's fence and atomic,
   the waiter's poll);
 - ``gap_us``: between two tasks of one SM (the loop's own work: the descriptor, the named barriers);
+- ``signal_delay_us``: per wave, extra time from a task's end to its signal (the signal-delay probes of
+  ``benchmarks/candidates/signal-delay``: the SM moves on, only the waiters see the signal later);
 - ``live_slots``: per layer, the routed expert slots in use; a dead slot's tasks are skipped as the kernel's
   producer skips them (their signals counted as the top-k makes them up), a claiming place that draws a
   dead tile ends its wave on that SM. Left out, every slot is live.
@@ -64,7 +66,8 @@ class Timed:
 
 
 def timeline(schedule: Schedule, durations: dict[str, float], hop_us: float = 1.0, gap_us: float = 0.3,
-             live_slots: Callable[[int], int] | None = None) -> Timed:
+             live_slots: Callable[[int], int] | None = None,
+             signal_delay_us: dict[str, float] | None = None) -> Timed:
     """Runs the schedule in time order (every SM's list in order, claims in the order SMs reach them) and
     returns when each task ran. Raises ValueError on a wave without a duration or a schedule that cannot
     finish (simulate.run says why)."""
@@ -138,7 +141,8 @@ def timeline(schedule: Schedule, durations: dict[str, float], hop_us: float = 1.
         free[best] = end[task.index] + gap_us
         if task.signal != NO_BARRIER:
             counts[task.signal] += 1
-            done_at[task.signal] = max(done_at[task.signal], end[task.index])
+            signalled = end[task.index] + (signal_delay_us or {}).get(task.wave, 0.0)
+            done_at[task.signal] = max(done_at[task.signal], signalled)
         pcs[best] += 1
         resolved[best] = False
         remaining -= 1
