@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Writes one probe patch per opcode (signal-delay-<OP>.patch, next to this script): the signaller holds back the
 # signal of every task of that opcode for 3 us after the task's consumers finished (the task's own SM moves on;
-# only the tasks that wait on the signal see it later). Not a kernel change to land: a sensitivity probe. How much
+# the tasks that wait on the signal see it later, and so do that SM's next signals, queued behind it in the
+# signaller: a wave whose tasks run shorter than 3 us on one SM is delayed by more than 3 us). Not a kernel change to land: a sensitivity probe. How much
 # a 3 us later signal of one wave moves the step says whether that wave's completion sits on the layer's critical
 # path (the whole 3 us a layer), has slack (nothing), or in between -- what the timing model, which has no
 # bandwidth, could not say at batch 1 (PERF_LOG #83, #89, #90). Run from the checkout root.
