@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main, variants/ with base.so (= main)
-# and sw.so (candidate producer-descriptor-syncwarp), .sanitizer/ with nvidia-cuda-sanitizer-api 13.5.25 =
+# Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main, variants/sw.so (candidate
+# producer-descriptor-syncwarp; name the file, not variants/: with every probe built, variants/ and .sanitizer/
+# together pass the 64 MiB carry limit) and .sanitizer/ with nvidia-cuda-sanitizer-api 13.5.25 =
 # compute-sanitizer 2026.4.0): sw under racecheck on the 2-layer step (session O: main has 0 errors and 9 warp-level
 # warnings there, the ones sw's __syncwarp() is for), then tests/gpu/test_sanitizer.py with that compute-sanitizer
 # (memcheck, racecheck, synccheck on the 5-layer step with 4500 / 7 / 0 histories: #10's "sanitizer clean"; its

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Next session, device call 2 (carry vllm_megakernel/_C*.so = main, variants/ with base.so (= main), base2.so (a
-# byte copy of base.so), prefad.so (0e4b823: the combine by column, before the per-lane releases), sw.so and the
-# nine d_<wave>.so probes).
+# Next session, device call 2 (carry variants/ with base.so (= main), base2.so (a byte copy of base.so), prefad.so
+# (0e4b823: the combine by column, before the per-lane releases) and sw.so, and probes/ with the nine d_<wave>.so
+# signal-delay probes: ~42 MiB of extensions and the ~19 MiB tree, ~61 of the 64 MiB a call carries; no _C and
+# no .sanitizer/: ab.interleaved launches the variants' own extensions).
 # `bash call2-interleaved.sh a` runs part 1 (~450 s), `b` parts 2-3 (~330 s), no argument all of them.
 # benchmarks.ab.interleaved's first GPU runs: every extension in one process on the same steps, rotated rounds,
 # changes paired round by round, then one traced launch per variant (report.md: kernel_profile's per-wave tables,
@@ -33,7 +34,7 @@ what=${1:-all}
 if [ "$what" = all ] || [ "$what" = a ]; then
   run main 1,8,64 240 base2=variants/base2.so prefad=variants/prefad.so sw=variants/sw.so q32=variants/base.so@qkv_rows=32
   probes=(); for v in router router_topk qkv_rope attn_partial attn_combine moe_upgate moe_down o_proj moe_combine; do
-    probes+=(d_$v=variants/d_$v.so); done
+    probes+=(d_$v=probes/d_$v.so); done
   run probes 1,8 200 "${probes[@]}"
 fi
 if [ "$what" = all ] || [ "$what" = b ]; then
