@@ -197,14 +197,14 @@ def main(argv=None) -> None:
 
     import torch
 
+    from benchmarks.kernel_profile import random_weights
     from benchmarks.sol import measure_bandwidth
     from vllm_megakernel.megakernel.layout import ATTN_TILE
-    from vllm_megakernel.reference import ModelDims, Weights
+    from vllm_megakernel.reference import ModelDims
 
     config = json.loads((Path(args.model) / "config.json").read_text())
     dims = attention_dims(ModelDims.from_config(config))
-    weights = Weights.random(dims, config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0,
-                             device="cuda")
+    weights = random_weights(config, dims)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     bandwidth = measure_bandwidth()
     grid = [(b, c) for b in map(int, args.batch_sizes.split(",")) for c in map(int, args.contexts.split(","))]

@@ -87,6 +87,15 @@ def gpu_clocks() -> dict | None:
     return None
 
 
+def random_weights(config: dict, dims, seed: int = 0):
+    """The config's model (``dims``: its shape, or a cut of it) on realistic random full-size weights, made on
+    the GPU: what every kernel-alone tool here times."""
+    from vllm_megakernel import reference as ref
+
+    return ref.Weights.random(dims, config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0,
+                              "cuda", seed=seed)
+
+
 def random_step_inputs(dims, batch: int, context: int, seed: int):
     """A decode step's inputs on the GPU: ``batch`` requests of ``context`` cached tokens each (random K/V),
     one random new token each."""
@@ -292,10 +301,8 @@ def main(argv=None) -> None:
 
     config = json.loads((Path(args.model) / "config.json").read_text())
     dims = ref.ModelDims.from_config(config)
-    moe_i = config["intermediate_size"]
-    dense_i = config.get("prefix_dense_intermediate_size") or 0
     bandwidth = measure_bandwidth()
-    weights = ref.Weights.random(dims, moe_i, dense_i, "cuda", seed=args.seed)
+    weights = random_weights(config, dims, args.seed)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
     schedules = [s.strip() for s in args.schedules.split(";")]
@@ -320,7 +327,7 @@ def main(argv=None) -> None:
             pad = None
             torch.cuda.empty_cache()
             pad = torch.empty(placement * (1 << 30) + placement * 37 * (1 << 21), dtype=torch.uint8, device="cuda")
-            weights = ref.Weights.random(dims, moe_i, dense_i, "cuda", seed=args.seed)
+            weights = random_weights(config, dims, args.seed)
         for b in (int(x) for x in args.batch_sizes.split(",")):
             for s in schedules:
                 results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed, s))

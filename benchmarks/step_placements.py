@@ -69,7 +69,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from benchmarks.kernel_profile import gpu_clocks, random_step_inputs
+    from benchmarks.kernel_profile import gpu_clocks, random_step_inputs, random_weights
     from benchmarks.sol import cuda_times
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
@@ -77,8 +77,7 @@ def main(argv=None) -> None:
 
     config = json.loads((Path(args.model) / "config.json").read_text())
     dims = ref.ModelDims.from_config(config)
-    weights = ref.Weights.random(dims, config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0,
-                                 "cuda", seed=args.seed)
+    weights = random_weights(config, dims, args.seed)
     b = args.batch_size
     inp = random_step_inputs(dims, b, args.context, args.seed)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count

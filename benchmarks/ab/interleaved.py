@@ -204,14 +204,13 @@ def main(argv=None) -> None:
         if key not in modules:
             modules[key] = load_extension(name, path, abi.ABI_VERSION)
     runs = [(name, modules[path.resolve()], schedule) for name, path, schedule in variants]
-    from benchmarks.kernel_profile import report
+    from benchmarks.kernel_profile import random_weights, report
     from benchmarks.sol import measure_bandwidth
 
     config = json.loads((Path(args.model) / "config.json").read_text())
     bandwidth = measure_bandwidth()
     dims = ref.ModelDims.from_config(config)
-    weights = ref.Weights.random(dims, config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0,
-                                 "cuda", seed=args.seed)
+    weights = random_weights(config, dims, args.seed)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     base = variants[0][0]
     results = []
