@@ -124,6 +124,8 @@ __device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, int* d
   n = __shfl_sync(0xffffffffu, n, 0);
   if (n < 0) return Routed::kAbort;
   if (counter != abi::kNoBarrier) word = claimed_word(op, word, n);
+  __syncwarp();  // lane 0's reads of the words above (load_wait) before the other lanes rewrite theirs: the
+                 // shuffle that waited for lane 0 orders no memory (racecheck's warp-level WAR warnings)
   desc[lane] = word;
   __syncwarp();
   int live = 0, active = seen.active;
