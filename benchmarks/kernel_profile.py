@@ -136,6 +136,10 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     return out
 
 
+TIME_FIELDS = ("wait_start_ns", "run_start_ns", "inputs_ns", "stages_ns", "compute_end_ns", "end_ns")
+ROUTING_WAVES = ("router", "router_topk")
+
+
 def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     """One traced launch of ``sched`` (with the routing log) on ``ext`` (default the package's extension): the
     report's per-wave table, layer timeline, SMs' layer ends, split by previous opcode, the distinct experts
@@ -158,13 +162,20 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     chosen = runtime.routing_log(traced.workspace, dims, len(inp.input_ids))
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
-    t0 = int(rec[ran, 1].min())
+    _, col = trace.record_fields(rec)
+    times = torch.stack([col[name] for name in TIME_FIELDS], dim=1)
+    t0 = int(col["wait_start_ns"][ran].min())
     # times after the step's first wait; -1 where a task left a field unmarked (or never ran)
-    trace_times = torch.where(rec[:, 1:] > 0, rec[:, 1:] - t0, -1)
-    task_trace = {"sm": rec[:, 0].to(torch.int16), "times_ns": trace_times.to(torch.int32),
+    trace_times = torch.where(times > 0, times - t0, -1)
+    task_trace = {"sm": col["sm"].to(torch.int16), "smid": col["smid"].to(torch.int16),
+                  "times_ns": trace_times.to(torch.int32), "time_fields": TIME_FIELDS,
                   "op": torch.tensor(ops, dtype=torch.int16),
                   "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16), "waves": waves}
+    # where the hardware put the blocks, and the routing's blocks on the timeline's first layer: batch 1's
+    # speed differs between processes with the routing chain (PERF_LOG #93)
+    routing = {w: trace.wave_physical_sms(sched, rec, middle[0], w) for w in ROUTING_WAVES}
     return {"traced_step_us": step_us, "distinct_experts": distinct,
+            "physical_sms": trace.physical_sms(sched, rec), "routing_physical_sms": {"layer": middle[0], **routing},
             "waves": [dataclasses.asdict(r) for r in rows],
             "timeline": {"layers": f"MoE layers {middle[0]}-{middle[-1]}", "next_layer_us": next_layer_us,
                          "waves": [dataclasses.asdict(r) for r in timeline]},
@@ -221,6 +232,20 @@ def clock_text(r: dict) -> str:
     return mhz + (f" ({after['reasons']})" if after else "")
 
 
+def physical_sms_markdown(physical: list[int], routing: dict) -> str:
+    """Where the hardware put the blocks: the routing waves' physical SMs on one layer, and the block -> SM
+    map (in runs of consecutive SMs), so that two processes' maps can be compared."""
+    runs, start = [], 0
+    for i in range(1, len(physical) + 1):
+        if i == len(physical) or physical[i] != physical[i - 1] + 1:
+            first, last = physical[start], physical[i - 1]
+            runs.append(f"{start}-{i - 1}: {first}-{last}" if i - 1 > start else f"{start}: {first}")
+            start = i
+    waves = "; ".join(f"{w} {v}" for w, v in routing.items() if w != "layer")
+    return (f"physical SMs (%smid) of layer {routing['layer']}'s routing: {waves}. Blocks -> physical SMs: "
+            + ", ".join(runs))
+
+
 def report(results: list[dict], bandwidth: float, config: dict) -> str:
     lines = [f"HBM copy bandwidth measured in this run: {bandwidth / 1e12:.2f} TB/s", "",
              "| batch | context | schedule | splits | tasks | step us (median) | tok/s | distinct experts/layer | "
@@ -270,6 +295,8 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
             from vllm_megakernel.megakernel.trace import AfterPrevious, after_previous_markdown
 
             lines += ["", after_previous_markdown([AfterPrevious(**w) for w in r["after_previous"]]).rstrip("\n")]
+        if "routing_physical_sms" in r:  # nor the physical SMs (ABI 12)
+            lines += ["", physical_sms_markdown(r["physical_sms"], r["routing_physical_sms"])]
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 11;
+constexpr int kAbiVersion = 12;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -224,7 +224,8 @@ constexpr int T_INPUTS_NS = 3;
 constexpr int T_STAGES_NS = 4;
 constexpr int T_COMPUTE_END_NS = 5;
 constexpr int T_END_NS = 6;
-constexpr int kTraceWords = 7;
+constexpr int T_SMID = 7;
+constexpr int kTraceWords = 8;
 
 // The model shape the kernel is compiled for (abi.MODEL).
 constexpr int kHidden = 2048;

@@ -232,6 +232,7 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
         rec[abi::T_INPUTS_NS] = (long long)c.inputs_ns;
         rec[abi::T_STAGES_NS] = (long long)c.stages_ns;
         rec[abi::T_COMPUTE_END_NS] = (long long)global_timer_ns();
+        rec[abi::T_SMID] = (long long)cuda::ptx::get_sreg_smid();
         c.inputs_ns = c.stages_ns = 0;
       }
       ptx::mbarrier_arrive(&pipe.done[slot]);

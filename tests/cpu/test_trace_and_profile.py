@@ -24,9 +24,10 @@ def dims():
     return ref.ModelDims.from_config(TINY_CONFIG)
 
 
-def synthetic_records(sched, run_ns, wait_ns, gap_ns=100):
+def synthetic_records(sched, run_ns, wait_ns, gap_ns=100, physical=lambda block: 2 * block + 1):
     """Waves run one after another (in task order); every task of wave w waits wait_ns[w] then runs
-    run_ns[w]; the tasks of one wave and layer run side by side on different SMs."""
+    run_ns[w]; the tasks of one wave and layer run side by side on different SMs; block b runs on physical
+    SM physical(b)."""
     rec = torch.zeros(len(sched.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64)
     t = 1_000_000
     current, wave_start = None, t
@@ -38,7 +39,8 @@ def synthetic_records(sched, run_ns, wait_ns, gap_ns=100):
             current, wave_start = key, t
         start = wave_start + wait_ns[task.wave]
         end = start + run_ns[task.wave]
-        rec[task.index] = torch.tensor([task.sm, wave_start, start, start + 100, start + 400, end - 200, end])
+        rec[task.index] = torch.tensor([task.sm, wave_start, start, start + 100, start + 400, end - 200, end,
+                                        physical(task.sm)])
     return rec
 
 
@@ -148,6 +150,29 @@ def test_skipped_expert_tasks_leave_no_record_and_the_summary_counts_the_ones_th
         trace.summarize(sched, rec)
 
 
+def test_physical_sms_map_each_block_to_the_sm_its_records_name(dims):
+    """physical_sms: block -> the %smid its tasks recorded; wave_physical_sms: the SMs of one wave of one
+    layer; a block whose records name two SMs is refused; the report prints the map in runs."""
+    from benchmarks import kernel_profile
+
+    sched = build_schedule(dims, StepShape(batch=1, num_sms=6, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    mapping = {0: 7, 1: 8, 2: 9, 3: 20, 4: 3, 5: 4}
+    rec = synthetic_records(sched, {w: 1000 for w in waves}, {w: 100 for w in waves}, physical=mapping.get)
+    assert trace.physical_sms(sched, rec) == [7, 8, 9, 20, 3, 4]
+    moe = next(i for i in range(dims.num_layers) if not dims.dense[i])
+    router_blocks = {t.sm for t in sched.tasks if t.layer == moe and t.wave == "router"}
+    assert trace.wave_physical_sms(sched, rec, moe, "router") == sorted(mapping[b] for b in router_blocks)
+    text = kernel_profile.physical_sms_markdown(trace.physical_sms(sched, rec),
+                                                {"layer": moe, "router": [7], "router_topk": [8]})
+    assert text.endswith("Blocks -> physical SMs: 0-2: 7-9, 3: 20, 4-5: 3-4")
+    assert f"layer {moe}'s routing: router [7]; router_topk [8]" in text
+    col = abi.TRACE_FIELDS.index("smid")
+    rec[next(t.index for t in sched.tasks if t.sm == 2), col] = 11
+    with pytest.raises(ValueError, match="block 2's tasks ran on physical SMs"):
+        trace.physical_sms(sched, rec)
+
+
 def test_an_unfinished_or_mismatched_trace_is_refused(dims):
     sched = build_schedule(dims, StepShape(batch=1, num_sms=3), TINY_I, TINY_DENSE_I)
     rec = torch.zeros(len(sched.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64)
@@ -209,7 +234,7 @@ def test_tasks_split_by_the_opcode_their_sm_ran_just_before():
     for i, (sm, start, inputs, end) in enumerate(rows):
         if end:
             rec[i] = torch.tensor([sm, start * 1000 - 500, start * 1000, inputs * 1000, inputs * 1000 + 100,
-                                   end * 1000 - 100, end * 1000])
+                                   end * 1000 - 100, end * 1000, 40 + sm])
     ran = rec[:, abi.TRACE_FIELDS.index("end_ns")] > 0
     split = {r.wave: r for r in trace.after_previous(ops, waves, rec, ran)}
     assert list(split) == ["mlp_up", "mlp_down", "o_proj"]

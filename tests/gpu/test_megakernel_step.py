@@ -392,3 +392,8 @@ def test_a_traced_launch_records_every_task_in_dependency_order(wide):
             assert rec["run_start_ns"][t.index] >= before, f"{t.describe()} started before its inputs ended"
     step_us, rows = trace.summarize(sched, step.trace)
     assert step_us > 0 and {r.wave for r in rows} >= {"router", "qkv", "attn_partial", "mlp_up", "final_norm"}
+    # each block stays on one physical SM (physical_sms raises otherwise), a different one for each block
+    physical = trace.physical_sms(sched, step.trace)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert all(sm >= 0 for sm in physical) and len(set(physical)) == len(physical), physical
+    assert max(physical) < 2 * num_sms, physical  # %smid may skip ids, not by that much

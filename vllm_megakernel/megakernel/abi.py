@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -157,8 +157,11 @@ STEP_FIELDS = (
 # began (all waits satisfied), when its inputs (activation rows) were staged and when its last weight or
 # K/V stage was consumed (ROUTER_TOPK: when every row's experts were chosen and when the work list's slots
 # were numbered; 0 for other ops without stages), when every consumer had finished its body, when its
-# outputs were fenced (by the signaller, just before it signalled).
-TRACE_FIELDS = ("sm", "wait_start_ns", "run_start_ns", "inputs_ns", "stages_ns", "compute_end_ns", "end_ns")
+# outputs were fenced (by the signaller, just before it signalled), and the physical SM (%smid) the
+# block ran on: "sm" is the block, the schedule's SM; which physical SM a block lands on is the hardware's
+# choice, and batch 1's speed differs between processes with the routing chain (PERF_LOG #93).
+TRACE_FIELDS = ("sm", "wait_start_ns", "run_start_ns", "inputs_ns", "stages_ns", "compute_end_ns", "end_ns",
+                "smid")
 
 # The layer table: one row of int64 words per layer. The KV cache is vLLM's FlashAttention layout
 # (num_blocks, 2, block_size, num_kv_heads, head_dim) with strides in elements (head_dim is contiguous);

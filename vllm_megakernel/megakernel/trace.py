@@ -71,6 +71,27 @@ def ran_tasks(schedule: Schedule, records: torch.Tensor) -> torch.Tensor:
     return ran
 
 
+def physical_sms(schedule: Schedule, records: torch.Tensor) -> list[int]:
+    """Per block (the schedule's SM), the physical SM (%smid) it ran on; -1 for a block none of whose tasks
+    left a record. A block runs on one SM for the whole launch, so its records must agree."""
+    rec, col = record_fields(records)
+    ran = ran_tasks(schedule, rec)
+    out = [-1] * len(schedule.sm_tasks)
+    for block, smid in zip(col["sm"][ran].tolist(), col["smid"][ran].tolist()):
+        if out[block] not in (-1, smid):
+            raise ValueError(f"block {block}'s tasks ran on physical SMs {out[block]} and {smid}")
+        out[block] = smid
+    return out
+
+
+def wave_physical_sms(schedule: Schedule, records: torch.Tensor, layer: int, wave: str) -> list[int]:
+    """The physical SMs (ascending, distinct) that ran ``wave``'s tasks of ``layer``."""
+    rec, col = record_fields(records)
+    ran = ran_tasks(schedule, rec)
+    return sorted({int(col["smid"][t.index]) for t in schedule.tasks
+                   if t.layer == layer and t.wave == wave and ran[t.index]})
+
+
 def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[WaveTime]]:
     """(step wall time in us, per-wave rows in step order) from a [num_tasks, TRACE_FIELDS] record tensor."""
     rec, f = record_fields(records)
