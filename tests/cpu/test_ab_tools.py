@@ -269,3 +269,32 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
     with pytest.raises(AssertionError, match="wrong's step output"):
         interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--variant", "base=b.so",
                           "--variant", "wrong=w.so"])
+
+
+def test_processes_table_shows_each_process_level_routing_and_blocks_moved(tmp_path):
+    """benchmarks.ab.processes: per process (a kernel_profile folder) the batch-1 step, layer, routing chain and
+    routing's physical SMs, and how many blocks sit on another physical SM than in the first process; a
+    profile from before ABI 12 (no physical SMs) is refused by name."""
+    from benchmarks.ab import processes
+
+    def profile(step, router, smids):
+        waves = [{"wave": "router", "run_us": router, "inputs_us": router / 2},
+                 {"wave": "router_topk", "run_us": 3.7, "inputs_us": 2.5}]
+        timeline = {"next_layer_us": step / 50, "waves": [{"wave": "mlp_up", "first_run_us": 11.5}]}
+        row = {"batch": 1, "schedule": "default", "step_us_median": step, "waves": waves, "timeline": timeline,
+               "physical_sms": smids, "routing_physical_sms": {"layer": 2, "router": smids[:2], "router_topk": [smids[2]]}}
+        return {"results": [row, {**row, "batch": 8}]}
+
+    for name, step, router, smids in [("p1", 2515, 4.4, [0, 1, 2, 3]), ("p2", 2775, 7.1, [2, 3, 0, 1]),
+                                      ("p3", 2516, 4.5, [0, 1, 2, 3])]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "profile.json").write_text(json.dumps(profile(step, router, smids)))
+    rows = [processes.process_row(n, json.loads((tmp_path / n / "profile.json").read_text())) for n in ("p1", "p2", "p3")]
+    lines = processes.table(rows).splitlines()
+    assert lines[2] == "| p1 | 2515 | 50.3 | 4.4 (2.2) | 3.7 | 11.5 | router [0, 1]; router_topk [2] | 0 |"
+    assert lines[3].startswith("| p2 | 2775 | 55.5 | 7.1 (3.5) |") and lines[3].endswith("| router [2, 3]; router_topk [0] | 4 |")
+    assert lines[4].endswith("| 0 |")
+    old = profile(2515, 4.4, [0, 1, 2, 3])
+    del old["results"][0]["physical_sms"]
+    with pytest.raises(ValueError, match="old: no physical SMs"):
+        processes.process_row("old", old)

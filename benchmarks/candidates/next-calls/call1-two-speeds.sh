@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main, ABI 12): batch 1's two
+# speeds (PERF_LOG #93). The same build ran batch 1 at 2515 us in one process and ~2775 in another (session P),
+# the difference in the routing chain. Two tests in one call:
+# (a) benchmarks.step_placements: six steps of the default schedule in one process, each with its own
+#     workspace, barriers and tables in segments of their own: do the step's own buffers set the level?
+# (b) fresh processes of kernel_profile at batch 1, one after another until the time is up, each with the
+#     block -> physical SM map and the routing's physical SMs (ABI 12's smid trace field);
+#     benchmarks.ab.processes then puts them side by side: does the level follow where the routing blocks sit?
+# `bash call1-two-speeds.sh [SECONDS]` (default 500).
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+res=$OUT/r; mkdir -p $res
+start=$(date +%s); limit=${1:-500}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
+timeout 150 python3 -m benchmarks.step_placements --model configs/north-mini-code --batch-size 1 --steps 6 \
+  --rounds 5 --iters 20 --out $res/placements > $res/placements.log 2>&1
+echo "placements rc=$? ($(( $(date +%s) - start )) s)"; tail -12 $res/placements.log
+k=0; runs=()
+while [ $(( limit - ($(date +%s) - start) )) -gt 100 ]; do
+  k=$((k + 1))
+  timeout 95 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 20 \
+    --out $res/p$k > $res/p$k.log 2>&1
+  rc=$?; echo "process $k rc=$rc ($(( $(date +%s) - start )) s)"
+  [ $rc -eq 0 ] && runs+=($res/p$k)
+done
+python3 -m benchmarks.ab.processes "${runs[@]}" | tee $res/processes.md
+cd $OUT && tar czf r.tgz r && rm -rf r
