@@ -1,6 +1,6 @@
 """One kernel in several processes: does batch 1's level follow where the hardware put the routing blocks?
 
-    python -m benchmarks.ab.processes RUN_DIR ...     # each a kernel_profile --out folder (profile.json)
+    python -m benchmarks.ab.processes RUN_DIR ...     # each a kernel_profile or ab.interleaved --out folder
 
 Batch 1's kernel-alone step runs at one of two levels per process (2515 or ~2775 us for one build, every
 variant of a process at that process's level; PERF_LOG #93), and the traces put the difference in the
@@ -9,6 +9,8 @@ physical SM (%smid) of its block, and kernel_profile keeps the block -> SM map a
 physical SMs of one layer. This prints, per process (folder), the batch-1 step, the traced layer, the routing
 chain's times, the routing's physical SMs, and how many blocks sit on another physical SM than in the first
 folder: if the slow processes are the ones whose routing moved, the placement of blocks on SMs sets the level.
+An ab.interleaved folder gives a row per variant (e.g. main against `sm-lists-by-smid`, whose blocks take the
+task list of the physical SM they landed on, so its map is the same in every process).
 """
 
 from __future__ import annotations
@@ -16,6 +18,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+
+def process_rows(name: str, folder: Path, batch: int = 1) -> list[dict]:
+    """The rows of one process's folder at ``batch``: kernel_profile's profile.json gives its default-schedule
+    row (named after the folder), benchmarks.ab.interleaved's results.json a row per variant ("folder/variant")."""
+    if (folder / "profile.json").exists():
+        return [process_row(name, json.loads((folder / "profile.json").read_text()), batch)]
+    results = json.loads((folder / "results.json").read_text())["results"]
+    profiles = [p for r in results if r["batch"] == batch for p in r["profiles"]]
+    if not profiles:
+        raise ValueError(f"{name}: no batch {batch} in {folder / 'results.json'}")
+    return [process_row(f"{name}/{p['schedule']}", {"results": [{**p, "schedule": "default"}]}, batch)
+            for p in profiles]
 
 
 def process_row(name: str, profile: dict, batch: int = 1) -> dict:
@@ -53,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     dirs = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
     if not dirs:
         raise SystemExit("usage: python -m benchmarks.ab.processes RUN_DIR ...")
-    rows = [process_row(d.name, json.loads((d / "profile.json").read_text())) for d in dirs]
+    rows = [row for d in dirs for row in process_rows(d.name, d)]
     print(table(rows), end="")
 
 

@@ -298,3 +298,25 @@ def test_processes_table_shows_each_process_level_routing_and_blocks_moved(tmp_p
     del old["results"][0]["physical_sms"]
     with pytest.raises(ValueError, match="old: no physical SMs"):
         processes.process_row("old", old)
+
+
+def test_processes_reads_an_interleaved_folder_as_a_row_per_variant(tmp_path):
+    from benchmarks.ab import processes
+
+    def prof(name, step, smids):
+        return {"schedule": name, "batch": 1, "step_us_median": step,
+                "waves": [{"wave": "router", "run_us": 4.4, "inputs_us": 2.2},
+                          {"wave": "router_topk", "run_us": 3.7, "inputs_us": 2.5}],
+                "timeline": {"next_layer_us": 48.6, "waves": [{"wave": "mlp_up", "first_run_us": 11.5}]},
+                "physical_sms": smids, "routing_physical_sms": {"layer": 2, "router": smids[:1], "router_topk": smids[1:2]}}
+
+    (tmp_path / "i1").mkdir()
+    (tmp_path / "i1" / "results.json").write_text(json.dumps({"results": [
+        {"batch": 1, "profiles": [prof("base", 2775, [3, 2, 1, 0]), prof("smid", 2515, [0, 1, 2, 3])]},
+        {"batch": 8, "profiles": [prof("base", 7900, [3, 2, 1, 0])]}]}))
+    rows = processes.process_rows("i1", tmp_path / "i1")
+    assert [(r["name"], r["step_us"], r["physical_sms"]) for r in rows] == [
+        ("i1/base", 2775, [3, 2, 1, 0]), ("i1/smid", 2515, [0, 1, 2, 3])]
+    assert processes.table(rows).splitlines()[3].endswith("| 4 |")  # smid's map against base's: all 4 moved
+    with pytest.raises(ValueError, match="no batch 2"):
+        processes.process_rows("i1", tmp_path / "i1", batch=2)

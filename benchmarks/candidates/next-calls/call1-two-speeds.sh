@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main, ABI 12): batch 1's two
-# speeds (PERF_LOG #93). The same build ran batch 1 at 2515 us in one process and ~2775 in another (session P),
-# the difference in the routing chain. Two tests in one call:
-# (a) benchmarks.step_placements: six steps of the default schedule in one process, each with its own
-#     workspace, barriers and tables in segments of their own: do the step's own buffers set the level?
-# (b) fresh processes of kernel_profile at batch 1, one after another until the time is up, each with the
-#     block -> physical SM map and the routing's physical SMs (ABI 12's smid trace field);
-#     benchmarks.ab.processes then puts them side by side: does the level follow where the routing blocks sit?
+# Next session, device call 1 (a fresh machine; carry vllm_megakernel/_C*.so = main (ABI 12), variants/base.so
+# (= main) and variants/smid.so (main + benchmarks/candidates/sm-lists-by-smid.patch)): batch 1's two speeds
+# (PERF_LOG #93). The same build ran batch 1 at 2515 us in one process and ~2775 in another (session P), the
+# difference in the routing chain. Two tests in one call:
+# (a) benchmarks.step_placements (its first GPU run): six steps of the default schedule in one process, each with
+#     its own workspace, barriers and tables in segments of their own: do the step's own buffers set the level?
+# (b) fresh processes, one after another until the time is up, each `benchmarks.ab.interleaved` at batch 1 with
+#     main and smid (whose blocks take the task list of the physical SM they landed on): each traced launch keeps
+#     the block -> physical SM map and the routing's physical SMs (ABI 12), and benchmarks.ab.processes puts the
+#     processes side by side. (b) holds if main's level follows where its routing blocks sit; then smid's level
+#     is the same in every process, and its paired change against main says which level the physical layout
+#     of smid gives.
 # `bash call1-two-speeds.sh [SECONDS]` (default 500).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -19,9 +23,9 @@ echo "placements rc=$? ($(( $(date +%s) - start )) s)"; tail -12 $res/placements
 k=0; runs=()
 while [ $(( limit - ($(date +%s) - start) )) -gt 100 ]; do
   k=$((k + 1))
-  timeout 95 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 20 \
-    --out $res/p$k > $res/p$k.log 2>&1
-  rc=$?; echo "process $k rc=$rc ($(( $(date +%s) - start )) s)"
+  timeout 95 python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes 1 --rounds 6 \
+    --iters 30 --variant base=variants/base.so --variant smid=variants/smid.so --out $res/p$k > $res/p$k.log 2>&1
+  rc=$?; echo "process $k rc=$rc ($(( $(date +%s) - start )) s)"; grep "^| 1 |" $res/p$k/table.md 2>/dev/null
   [ $rc -eq 0 ] && runs+=($res/p$k)
 done
 python3 -m benchmarks.ab.processes "${runs[@]}" | tee $res/processes.md
