@@ -156,3 +156,38 @@ def test_without_the_extension_the_model_still_builds_on_stock(vllm_cpu, monkeyp
             vllm_cpu(TINY_CONFIG, additional_config={"megakernel": {"enabled": True}})
     finally:
         extension.load.cache_clear()
+
+
+def test_an_extension_of_another_abi_is_refused_with_a_rebuild_hint(vllm_cpu, monkeypatch):
+    """A stale build (another ABI version) reads the step tables at other offsets: extension.load() names the
+    mismatch, automatic mode serves stock, `enabled: true` raises, and runtime.launch refuses it before any
+    launch."""
+    import sys
+    import types
+
+    import vllm_megakernel
+    from vllm_megakernel import extension
+    from vllm_megakernel.megakernel import abi, runtime
+
+    launched = []
+    stale = types.ModuleType("vllm_megakernel._C")
+    stale.build_info = lambda: {"decode_kernel": True, "abi_version": abi.ABI_VERSION - 1}
+    stale.launch_decode = lambda **kw: launched.append(kw)
+    extension.load.cache_clear()
+    monkeypatch.setitem(sys.modules, "vllm_megakernel._C", stale)
+    monkeypatch.setattr(vllm_megakernel, "_C", stale, raising=False)
+    try:
+        module, problem = extension.load()
+        assert module is stale and f"ABI {abi.ABI_VERSION - 1}" in problem and "rebuild" in problem
+        model, _ = vllm_cpu(TINY_CONFIG)
+        assert not model.megakernel_decision.use_megakernel
+        with pytest.raises(MegakernelUnavailableError, match="rebuild"):
+            vllm_cpu(TINY_CONFIG, additional_config={"megakernel": {"enabled": True}})
+        with pytest.raises(ValueError, match=f"for ABI {abi.ABI_VERSION - 1}"):
+            runtime.launch(types.SimpleNamespace(unsupported=[]))
+        assert not launched
+        current = types.ModuleType("current")
+        current.build_info = lambda: {"decode_kernel": True, "abi_version": abi.ABI_VERSION}
+        assert extension.abi_mismatch(current) is None
+    finally:
+        extension.load.cache_clear()

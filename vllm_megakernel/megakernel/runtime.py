@@ -202,7 +202,10 @@ def launch(step: DeviceStep, ext=None) -> None:
     of the same ABI)."""
     if ext is None:
         from vllm_megakernel import _C as ext
+    from vllm_megakernel.extension import abi_mismatch
 
+    if problem := abi_mismatch(ext):
+        raise ValueError(problem)
     if step.unsupported:
         raise ValueError("the megakernel is compiled for another model shape: " + "; ".join(step.unsupported))
     step.barriers.zero_()
