@@ -846,3 +846,39 @@ def test_the_numerics_run_exactly_the_live_slots_expert_tiles(dims, weights):
     tiles = TINY_I // s.tiles.moe_up_cols + dims.hidden // s.tiles.moe_down_rows
     assert live and all(n < moe_slots(dims, 3) for n in live.values())
     assert dict(ran) == {layer: n * tiles for layer, n in live.items()}
+
+
+@pytest.mark.parametrize("batch, order, reserved", [(1, "random", 2), (3, "reverse", 1)])
+def test_routing_sms_hold_each_moe_layers_routing_and_nothing_else_of_it(dims, weights, batch, order, reserved):
+    """StepShape.routing_sms: every MoE layer's router tasks and top-k on SMs 0 .. reserved - 1 and its other
+    tasks on the rest; the dense layer and the final norm dealt over all SMs; the default attention split
+    counts only the SMs left; the step is deadlock- and race-free and computes exactly what the plain
+    dealing computes."""
+    gen = torch.Generator().manual_seed(batch)
+    lengths = [5, 9, 2][:batch]
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
+    sim.fill_history(lengths, generator=gen)
+    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    shape = dict(batch=batch, num_sms=6, attn_min_tiles=1)
+    plain = build_schedule(dims, StepShape(**shape), *weights.intermediates())
+    routed = build_schedule(dims, StepShape(**shape, routing_sms=reserved), *weights.intermediates())
+    assert routed.shape.attn_splits == layout.attn_splits_for(batch, 6 - reserved)
+    moe = [t for t in routed.tasks if t.layer < dims.num_layers and not dims.dense[t.layer]]
+    assert moe and all((t.sm < reserved) == (t.wave in ("router", "router_topk")) for t in moe)
+    rest = [t for t in routed.tasks if t not in moe]
+    assert rest and any(t.sm < reserved for t in rest)  # the dense layer uses every SM
+    assert all(lst == sorted(lst) for lst in routed.sm_tasks)
+    simulate.check_races(routed, order=order, seed=batch)
+    # the same attention split as plain's, so that the two compute in the same order
+    same_splits = build_schedule(dims, StepShape(**shape, routing_sms=reserved, attn_splits=plain.shape.attn_splits),
+                                 *weights.intermediates())
+    assert [t.fields for t in same_splits.tasks] == [t.fields for t in plain.tasks]  # only the dealing differs
+    assert [t.sm for t in same_splits.tasks] != [t.sm for t in plain.tasks]
+    got = simulate.decode_step(same_splits, weights, clone_inputs(inp), order=order, seed=batch)
+    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(simulate.decode_step(routed, weights, clone_inputs(inp), order=order, seed=batch),
+                               ref.decode_step(dims, weights, clone_inputs(inp)), atol=1e-4, rtol=1e-4)
+    for bad in (-1, 6):
+        with pytest.raises(ValueError, match="routing_sms"):
+            StepShape(**shape, routing_sms=bad)

@@ -77,6 +77,7 @@ WAVE_ORDERS = {
                                "mlp_down", "moe_combine"),
 }
 MOE_ONLY_WAVES = ("router", "router_topk", "moe_combine")
+ROUTING_WAVES = ("router", "router_topk")  # what StepShape.routing_sms reserves SMs for
 DEALS = ("by_layer", "continuous")  # StepShape.deal
 UNIT = 16  # columns per region unit of the hidden-wide outputs o and mlp
 COMBINE_COLS = 128  # columns per MOE_COMBINE task
@@ -105,7 +106,11 @@ class StepShape:
     qkv tasks on the SMs after them, or round-robin over the whole step ("continuous"). Dealt by layer,
     the router and top-k code stays in those SMs' instruction caches: router tasks 11.0 -> 9.0 us and
     the top-k 7.0 -> 6.0 us at batch 1, the step -4% at batch 1, -2% at 2, -1% at 4, +1% at 8 (within the
-    spread; benchmarks/results/h200-2026-12-01-v2-deal-by-layer)."""
+    spread; benchmarks/results/h200-2026-12-01-v2-deal-by-layer). ``routing_sms`` (0: off) goes further:
+    SMs 0 .. routing_sms - 1 hold every MoE layer's router tasks and top-k and nothing else of those layers
+    (the other waves are dealt over the remaining SMs, and the default attention split counts only those),
+    so the routing's SMs keep only its code and start each layer idle; a schedule choice for batch 1's
+    routing chain, which was on the layer's critical path in session P's signal-delay probes (PERF_LOG #90)."""
 
     batch: int
     num_sms: int
@@ -122,6 +127,7 @@ class StepShape:
     combine_in_norm: bool | None = None
     qkv_batch_split: int = 0
     o_batch_split: int = 0
+    routing_sms: int = 0
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -159,8 +165,12 @@ class StepShape:
             raise ValueError(f"batch {self.batch} is larger than the kernel takes ({layout.MAX_BATCH})")
         if self.attn_splits > layout.MAX_ATTN_SPLITS:
             raise ValueError(f"{self.attn_splits} attention splits: the kernel takes at most {layout.MAX_ATTN_SPLITS}")
+        if not 0 <= self.routing_sms < self.num_sms:
+            raise ValueError(f"routing_sms={self.routing_sms}: 0 (off) to {self.num_sms - 1} (an SM must be left "
+                             f"for the rest of the layer)")
         if self.attn_splits == 0:
-            object.__setattr__(self, "attn_splits", layout.attn_splits_for(self.batch, self.num_sms))
+            object.__setattr__(self, "attn_splits",
+                               layout.attn_splits_for(self.batch, self.num_sms - self.routing_sms))
 
 
 @dataclasses.dataclass
@@ -557,12 +567,21 @@ def _placed(b: _Builder, dims: ModelDims, shape: StepShape, tiles: layout.GemmTi
         if t.signal != NO_BARRIER:
             b.barriers[t.signal].target += 1
     sm_tasks: list[list[int]] = [[] for _ in range(shape.num_sms)]
-    cursor, layer = 0, None
+    reserved = shape.routing_sms  # SMs 0 .. reserved - 1: a MoE layer's routing and nothing else of it
+    cursor, routing_cursor, layer = 0, 0, None
     for t in _deal_order(b.tasks, shape):  # round-robin in dealing order
         if shape.deal == "by_layer" and t.layer != layer:
-            cursor, layer = 0, t.layer
-        t.sm = cursor % shape.num_sms
-        cursor += 1
+            cursor, routing_cursor, layer = 0, 0, t.layer
+        if reserved and t.layer < dims.num_layers and not dims.dense[t.layer]:  # not the final norm
+            if t.wave in ROUTING_WAVES:
+                t.sm = routing_cursor % reserved
+                routing_cursor += 1
+            else:
+                t.sm = reserved + cursor % (shape.num_sms - reserved)
+                cursor += 1
+        else:
+            t.sm = cursor % shape.num_sms
+            cursor += 1
         sm_tasks[t.sm].append(t.index)
     return Schedule(dims, shape, tiles, b.tasks, b.barriers, sm_tasks)
 

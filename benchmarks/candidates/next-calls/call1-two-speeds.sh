@@ -11,6 +11,9 @@
 #     processes side by side. (b) holds if main's level follows where its routing blocks sit; then smid's level
 #     is the same in every process, and its paired change against main says which level the physical layout
 #     of smid gives.
+# Each process also times main with StepShape.routing_sms (SMs 0-15 / 0-16 hold each MoE layer's routing and
+# nothing else of it; r17o32 with 64 O tasks of 32 rows for the 115 SMs left): does a routing on idle SMs that
+# keep only its code shorten the chain (PERF_LOG #95)? The traces' router / top-k times and the experts' start say.
 # `bash call1-two-speeds.sh [SECONDS]` (default 500).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -21,10 +24,12 @@ timeout 150 python3 -m benchmarks.step_placements --model configs/north-mini-cod
   --rounds 5 --iters 20 --out $res/placements > $res/placements.log 2>&1
 echo "placements rc=$? ($(( $(date +%s) - start )) s)"; tail -12 $res/placements.log
 k=0; runs=()
-while [ $(( limit - ($(date +%s) - start) )) -gt 100 ]; do
+while [ $(( limit - ($(date +%s) - start) )) -gt 135 ]; do
   k=$((k + 1))
-  timeout 95 python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes 1 --rounds 6 \
-    --iters 30 --variant base=variants/base.so --variant smid=variants/smid.so --out $res/p$k > $res/p$k.log 2>&1
+  timeout 130 python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes 1 --rounds 6 \
+    --iters 30 --variant base=variants/base.so --variant smid=variants/smid.so \
+    --variant r16=variants/base.so@routing_sms=16 --variant r17=variants/base.so@routing_sms=17 \
+    --variant r17o32=variants/base.so@routing_sms=17,o_rows=32 --out $res/p$k > $res/p$k.log 2>&1
   rc=$?; echo "process $k rc=$rc ($(( $(date +%s) - start )) s)"; grep "^| 1 |" $res/p$k/table.md 2>/dev/null
   [ $rc -eq 0 ] && runs+=($res/p$k)
 done
