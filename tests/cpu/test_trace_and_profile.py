@@ -427,3 +427,41 @@ def test_step_placements_tells_a_placement_effect_from_round_noise():
     assert "no more than twice" in report(noisy, 1, 8192)
     with pytest.raises(ValueError):
         placement_spread([[2300.0], []])
+
+
+def test_traced_launch_reports_times_from_the_time_fields_and_where_the_blocks_ran(dims, monkeypatch):
+    """kernel_profile.traced_launch on the CPU with the launch stood in for (the trace filled with synthetic
+    records): the per-task times are the six time fields after the step's first wait (the physical SM is not
+    one of them), and the block -> physical SM map and the routing's physical SMs come from the records."""
+    from benchmarks import kernel_profile
+    from vllm_megakernel.megakernel import runtime
+
+    weights = ref.Weights.random(dims, TINY_I, TINY_DENSE_I, "cpu")
+    sim = PagedKVSim(dims, num_requests=1, max_len=10, block_size=4, dtype=torch.bfloat16, seed=1)
+    sim.fill_history([5], generator=torch.Generator().manual_seed(1))
+    inp = sim.step([3])
+    sched = build_schedule(dims, StepShape(batch=1, num_sms=6, attn_min_tiles=1), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 1000 for w in waves}, {w: 100 for w in waves}, physical=lambda b: 40 - b)
+    build = runtime.build_step
+
+    def traced_step(*args, **kwargs):
+        step = build(*args, **kwargs)
+        step.trace.copy_(rec)
+        return step
+
+    monkeypatch.setattr(runtime, "build_step", traced_step)
+    monkeypatch.setattr(runtime, "launch", lambda step, ext=None: None)
+    monkeypatch.setattr(runtime, "check", lambda step: None)
+    out = kernel_profile.traced_launch(dims, weights, inp, sched, ext=object())
+    assert out["physical_sms"] == [40, 39, 38, 37, 36, 35]
+    moe = trace.middle_moe_layers(dims)[0]
+    assert out["routing_physical_sms"] == {"layer": moe, **{w: sorted({40 - t.sm for t in sched.tasks
+                                                                       if t.layer == moe and t.wave == w})
+                                                           for w in ("router", "router_topk")}}
+    times = out["task_trace"]["times_ns"]
+    assert times.shape == (len(sched.tasks), 6) and out["task_trace"]["time_fields"][0] == "wait_start_ns"
+    first = int(rec[:, abi.TRACE_FIELDS.index("wait_start_ns")].min())
+    end = abi.TRACE_FIELDS.index("end_ns")
+    assert torch.equal(times[:, 5], (rec[:, end] - first).to(torch.int32))
+    assert torch.equal(out["task_trace"]["smid"], rec[:, abi.TRACE_FIELDS.index("smid")].to(torch.int16))
