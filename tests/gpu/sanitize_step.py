@@ -1,7 +1,7 @@
 """One megakernel decode step on small shapes, for compute-sanitizer (memcheck / racecheck / synccheck).
 
     compute-sanitizer --tool memcheck python tests/gpu/sanitize_step.py CHECKPOINT_DIR [--lengths 4500,7,0]
-        [--through WAVE]
+        [--splits 4] [--through WAVE]
 
 --lengths: each batch row's history before the new token, 0 for a padding row (default 4500,7,0: above and
 below the sliding window, and a padding row). racecheck instruments every shared-memory access, so short
@@ -9,6 +9,8 @@ histories make a step it finishes sooner (the weights' bytes stay). --through WA
 the end of layer 0's wave WAVE (Schedule.truncated: a prefix of the task numbering keeps every input of
 every kept task), e.g. `mlp_up`: the QKV, attention and dense up/gate tasks, ~47 MB through the stage rings
 against ~190 MB for a 2-layer step; the step's output is then not written, so only the run is checked.
+--splits: attention splits per request (default 4; 0: the kernel's default for the batch, which a step with
+long histories needs so that no one task walks a 128K history under the sanitizer).
 """
 
 import argparse
@@ -25,6 +27,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("checkpoint")
     ap.add_argument("--lengths", default="4500,7,0")
+    ap.add_argument("--splits", type=int, default=4, help="attention splits per request (0: the batch's default)")
     ap.add_argument("--through", default=None, help="run up to the end of layer 0's wave of this name")
     args = ap.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -41,7 +44,7 @@ def main():
     sim.fill_history(live, generator=torch.Generator().manual_seed(0))
     inp = sim.step([11 + i for i in range(len(live))] + [None] * (batch - len(live)))
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                                           attn_splits=4), *w.intermediates())
+                                           attn_splits=args.splits), *w.intermediates())
     if args.through:
         sched = sched.truncated(sched.wave_range(0, args.through)[1])
     # Under the sanitizer every access is instrumented, so a barrier wait can take far longer than the 5 s

@@ -1,6 +1,7 @@
 """compute-sanitizer is clean on one megakernel decode step (full width, 5 layers, ragged batch with a
-padding row): no out-of-bounds or misaligned access (memcheck), no shared-memory hazard (racecheck), no
-invalid use of a barrier -- named barriers, mbarriers (synccheck). COMPUTE_SANITIZER names the tool to run
+padding row; and a batch of issue #11's ragged lengths up to 128K): no out-of-bounds or misaligned access
+(memcheck), no shared-memory hazard (racecheck), no invalid use of a barrier -- named barriers, mbarriers
+(synccheck). COMPUTE_SANITIZER names the tool to run
 (default: the one on PATH, else the CUDA toolkit's), e.g. a newer release unpacked from PyPI's
 nvidia-cuda-sanitizer-api wheel."""
 
@@ -17,14 +18,23 @@ pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent
 
 
+# Each batch row's history (0: a padding row) and the attention splits per request (0: the batch's default).
+# The ragged case is issue #11's: lengths around a KV block (16) and the sliding window (4096), 32K and 128K in
+# one batch with a padding row; its splits are the default's so that no task walks 128K alone.
+CASES = {"4500-7-pad": ("4500,7,0", 4), "ragged-to-128k-pad": ("1,15,16,17,4095,4096,4097,32768,131072,0", 0)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-def test_one_step_is_sanitizer_clean(shallow_checkpoint, tool):
+def test_one_step_is_sanitizer_clean(shallow_checkpoint, tool, case):
     sanitizer = (os.environ.get("COMPUTE_SANITIZER") or shutil.which("compute-sanitizer")
                  or "/usr/local/cuda/bin/compute-sanitizer")
     if not Path(sanitizer).exists():
         pytest.skip("compute-sanitizer is not installed on this host")
+    lengths, splits = CASES[case]
     proc = subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "3", sys.executable,
-                           str(HERE / "sanitize_step.py"), str(shallow_checkpoint)],
+                           str(HERE / "sanitize_step.py"), str(shallow_checkpoint), "--lengths", lengths,
+                           "--splits", str(splits)],
                           capture_output=True, text=True, timeout=1200)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
