@@ -24,18 +24,20 @@ def load() -> tuple[ModuleType | None, str | None]:
             "this build of vllm_megakernel._C has no decode megakernel yet "
             f"(extension {info.get('version')}, built for {info.get('cuda_arch')})"
         )
-    return _C, abi_mismatch(_C)
+    if problem := abi_mismatch(_C):
+        return _C, f"this build of vllm_megakernel._C is {problem}: rebuild it; {BUILD_HINT}"
+    return _C, None
 
 
 @functools.cache
-def abi_mismatch(module: ModuleType) -> str | None:
-    """Why ``module`` (a build of the extension) must not be launched by this checkout's Python, or None: its
-    step, layer and task tables are read by word offsets, so a build of another ABI version would read this
-    Python's tables wrong (a wrong answer or a stall, not an error)."""
-    from vllm_megakernel.megakernel.abi import ABI_VERSION
-
+def abi_mismatch(module: ModuleType, expected: int | None = None) -> str | None:
+    """Why ``module`` (a build of the extension) must not be launched by this checkout's Python (ABI
+    ``expected``, default abi.ABI_VERSION), or None: its step, layer and task tables are read by word offsets,
+    so a build of another ABI version would read this Python's tables wrong (a wrong answer or a stall, not an
+    error). Each caller adds how to rebuild."""
+    if expected is None:
+        from vllm_megakernel.megakernel.abi import ABI_VERSION as expected
     built = module.build_info().get("abi_version")
-    if built == ABI_VERSION:
+    if built == expected:
         return None
-    return (f"this build of vllm_megakernel._C is for ABI {built}, this checkout's Python for ABI {ABI_VERSION} "
-            f"(the step and task layouts differ): rebuild it; {BUILD_HINT}")
+    return f"built for ABI {built}, this checkout's Python is for ABI {expected} (the step and task layouts differ)"

@@ -67,12 +67,12 @@ def load_extension(name: str, path: Path, abi_version: int):
     spec = importlib.util.spec_from_file_location(f"ab_{name}._C", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    info = module.build_info()
-    if not info.get("decode_kernel"):
+    from vllm_megakernel.extension import abi_mismatch
+
+    if not module.build_info().get("decode_kernel"):
         raise ValueError(f"variant {name} ({path}): built without the decode kernel")
-    if info.get("abi_version") != abi_version:
-        raise ValueError(f"variant {name} ({path}): ABI {info.get('abi_version')}, this checkout's is "
-                         f"{abi_version}: build it from this commit (benchmarks/ab/build.sh)")
+    if problem := abi_mismatch(module, abi_version):
+        raise ValueError(f"variant {name} ({path}): {problem}: build it from this commit (benchmarks/ab/build.sh)")
     return module
 
 

@@ -205,7 +205,7 @@ def launch(step: DeviceStep, ext=None) -> None:
     from vllm_megakernel.extension import abi_mismatch
 
     if problem := abi_mismatch(ext):
-        raise ValueError(problem)
+        raise ValueError(f"extension {getattr(ext, '__name__', ext)}: {problem}: rebuild it")
     if step.unsupported:
         raise ValueError("the megakernel is compiled for another model shape: " + "; ".join(step.unsupported))
     step.barriers.zero_()
