@@ -136,17 +136,14 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
     return out
 
 
-TIME_FIELDS = ("wait_start_ns", "run_start_ns", "inputs_ns", "stages_ns", "compute_end_ns", "end_ns")
-ROUTING_WAVES = ("router", "router_topk")
-
-
 def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     """One traced launch of ``sched`` (with the routing log) on ``ext`` (default the package's extension): the
     report's per-wave table, layer timeline, SMs' layer ends, split by previous opcode, the distinct experts
     the kernel chose, and every task's record (``task_trace``)."""
     import torch
 
-    from vllm_megakernel.megakernel import runtime, trace
+    from vllm_megakernel.megakernel import abi, runtime, trace
+    from vllm_megakernel.megakernel.schedule import ROUTING_WAVES
 
     traced = runtime.build_step(sched, weights, inp, route_log=True, trace=True)
     runtime.launch(traced, ext=ext)
@@ -163,12 +160,13 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
     _, col = trace.record_fields(rec)
-    times = torch.stack([col[name] for name in TIME_FIELDS], dim=1)
+    time_fields = tuple(f for f in abi.TRACE_FIELDS if f.endswith("_ns"))  # not the block, not the physical SM
+    times = torch.stack([col[name] for name in time_fields], dim=1)
     t0 = int(col["wait_start_ns"][ran].min())
     # times after the step's first wait; -1 where a task left a field unmarked (or never ran)
     trace_times = torch.where(times > 0, times - t0, -1)
     task_trace = {"sm": col["sm"].to(torch.int16), "smid": col["smid"].to(torch.int16),
-                  "times_ns": trace_times.to(torch.int32), "time_fields": TIME_FIELDS,
+                  "times_ns": trace_times.to(torch.int32), "time_fields": time_fields,
                   "op": torch.tensor(ops, dtype=torch.int16),
                   "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16), "waves": waves}
     # where the hardware put the blocks, and the routing's blocks on the timeline's first layer: batch 1's
