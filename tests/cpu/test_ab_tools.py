@@ -178,6 +178,18 @@ def test_changes_are_paired_round_by_round_so_a_slow_round_moves_both_sides():
                                "output_cosine": {"v": 0.9999876}}], "base")
     assert "| 1 | v | 106 | -1.00% | -1.00 .. -1.00% | 18.6% | cosine 0.999988 |" in text
     assert "| 1 | base | 108 | - | - | 18.6% | - |" in text
+    # a variant of another schedule is checked against the reference, and the table says so
+    text = interleaved.table([{"batch": 8, "variants": got, "bit_equal": {"v": False}, "output_cosine": {"v": 0.32},
+                               "reference_check": {"v": {"min_cosine": 0.99989, "max_rel_err": 0.016}}}], "base")
+    assert ("| 8 | v | 106 | -1.00% | -1.00 .. -1.00% | 18.6% | cosine 0.320000 (vs reference: cosine >= 0.999890, "
+            "max err 1.6%) |") in text
+    # the bar is the test tolerance or the base schedule's own distance from the reference, whichever is looser
+    deep = {"min_cosine": 0.9982, "max_rel_err": 0.070}
+    assert interleaved.no_further_from_reference({"min_cosine": 0.9981, "max_rel_err": 0.075}, deep)
+    assert interleaved.no_further_from_reference({"min_cosine": 0.9991, "max_rel_err": 0.02},
+                                                 {"min_cosine": 0.9999, "max_rel_err": 0.001})
+    assert not interleaved.no_further_from_reference({"min_cosine": 0.990, "max_rel_err": 0.07}, deep)
+    assert not interleaved.no_further_from_reference({"min_cosine": 0.9985, "max_rel_err": 0.2}, deep)
 
 
 def test_an_extension_of_another_abi_or_without_the_decode_kernel_is_refused(tmp_path):
@@ -217,7 +229,7 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
 
     built, launched = [], []
 
-    def fake_build_step(sched, weights, inp):
+    def fake_build_step(sched, weights, inp, route_log=False):
         built.append(sched)
         return types.SimpleNamespace(schedule=sched, out=None)
 
@@ -240,8 +252,15 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
         return {"traced_step_us": 1.0, "distinct_experts": 8.0, "waves": [], "task_trace": None}
 
     monkeypatch.setattr(kernel_profile, "traced_launch", fake_traced_launch)
+    checked = []
+
+    def fake_reference_distance(dims, weights, inp, sched, ext):
+        checked.append((ext.name, sched.tiles.qkv_rows))
+        return {"min_cosine": 0.9982 if ext.name == "bad" else 0.99989, "max_rel_err": 0.2 if ext.name == "bad" else 0.016}
+
+    monkeypatch.setattr(interleaved, "reference_distance", fake_reference_distance)
     monkeypatch.setattr(sol, "measure_bandwidth", lambda: 4.0e12)
-    step_us = {"base": 100e-6, "fast": 99e-6, "q32": 101e-6}
+    step_us = {"base": 100e-6, "fast": 99e-6, "q32": 101e-6, "wrong": 100e-6}
     monkeypatch.setattr(sol, "cuda_times", lambda fn, iters, warmup=2: (fn(), [step_us[launched[-1][0]]] * iters)[1])
     monkeypatch.setattr(ref.Weights, "random", classmethod(lambda cls, *a, **k: types.SimpleNamespace(
         intermediates=lambda: (768, 12288))))
@@ -261,14 +280,25 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
     assert traced == [("base", 64), ("fast", 64), ("base", 32), ("base", 40), ("fast", 40), ("base", 32)]
     rep = (tmp_path / "report.md").read_text()  # kernel_profile's report, a row per variant and batch
     assert "HBM copy bandwidth measured in this run: 4.00 TB/s" in rep
-    assert "| 8 | 8192 | q32 (qkv_rows=32) | 17 |" in rep and "| 1 | 8192 | fast | 128 |" in rep
+    assert "| 8 | 8192 | q32 (qkv_rows=32) | 16 |" in rep and "| 1 | 8192 | fast | 128 |" in rep
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["variants"]["q32"] == {"extension": "b.so", "schedule": "qkv_rows=32"}
     assert [r["orders"] for r in res["results"]][0] == [["base", "fast", "q32"], ["fast", "q32", "base"],
                                                         ["q32", "base", "fast"]]
+    # a variant of another schedule is checked against the reference, not against the base's output
+    assert checked == [("base", 64), ("base", 32), ("base", 40), ("base", 32)]  # per batch: base's schedule, q32's
+    assert "| 8 | q32 | 100 | +0.00% |" in text and "vs reference: cosine >= 0.999890, max err 1.6%" in text
     with pytest.raises(AssertionError, match="wrong's step output"):
         interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--variant", "base=b.so",
                           "--variant", "wrong=w.so"])
+    # another schedule whose output differs from the base's passes if the reference agrees, fails if not
+    checked.clear()
+    interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--rounds", "1", "--iters", "1",
+                      "--variant", "base=b.so", "--variant", "wrong=w.so@qkv_rows=32"])
+    assert checked == [("base", 64), ("wrong", 32)]
+    with pytest.raises(AssertionError, match="variant bad .* against the reference"):
+        interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--variant", "base=b.so",
+                          "--variant", "bad=w.so@qkv_rows=32"])
 
 
 def test_processes_table_shows_each_process_level_routing_and_blocks_moved(tmp_path):
