@@ -494,8 +494,12 @@ def test_attention_splits_give_every_sm_work_and_follow_the_live_length():
     """About one (request, split) task per SM; a split covers whole 16-token tiles, at least min_tiles of
     them, so short contexts use fewer splits (the rest return at once) and the splits cover exactly the
     visible positions."""
-    assert layout.attn_splits_for(1, 132) == 128 and layout.attn_splits_for(8, 132) == 17
-    assert layout.attn_splits_for(16, 132) == 8 and layout.attn_splits_for(64, 132) == 2  # at most one task per SM
+    assert layout.attn_splits_for(1, 132) == 128 and layout.attn_splits_for(8, 132) == 16
+    assert layout.attn_splits_for(16, 132) == 8 and layout.attn_splits_for(64, 132) == 2
+    assert layout.attn_splits_for(200, 132) == 1
+    for batch in range(1, 133):  # never more (request, split) tasks than SMs, and the split not one short
+        splits = layout.attn_splits_for(batch, 132)
+        assert batch * splits <= 132 and (splits == layout.MAX_ATTN_SPLITS or batch * (splits + 1) > 132)
     assert layout.attn_split_tiles(0, None, 8, 2) == (0, 0, 0)  # padding row
     assert layout.attn_split_tiles(1, None, 8, 2) == (0, 2, 1)
     assert layout.attn_split_tiles(8192 + 1, None, 128, 2) == (0, 5, 103)

@@ -143,6 +143,18 @@ def test_wide_step_matches_reference(wide, batch, lengths, splits):
     print(f"batch {batch}: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
+@pytest.mark.parametrize("batch, splits, bulk_fill", [
+    (8, 16, True), (8, 17, True), (8, 17, False), (5, 26, True), (5, 27, True), (7, 19, True), (2, 66, True),
+])
+def test_every_row_at_8k_matches_reference_whatever_the_split_count(wide, batch, splits, bulk_fill):
+    """Every row 8K long, so every (request, split) task has tiles to walk, with batch x splits at or under the
+    132 SMs and above them (the ceiling's split counts, batch 5 / 7 / 8's default until session R), with whole
+    caches filled at once (the null block and every slot past a history finite) or history block by block."""
+    dims, w = wide
+    (cos, err), _ = one_step(dims, w, [8192] * batch, batch, splits, bulk_fill=bulk_fill)
+    print(f"batch {batch}, {splits} splits: min cosine {cos:.6f}, max rel err {err:.4f}")
+
+
 @pytest.mark.parametrize("batch, lengths", [
     (17, [int(x) for x in torch.randint(1, 9000, (15,), generator=torch.Generator().manual_seed(5))]),
     (64, [int(x) for x in torch.randint(1, 3000, (61,), generator=torch.Generator().manual_seed(6))]),

@@ -216,13 +216,12 @@ def o_batch_split_for(batch: int) -> int:
 
 
 def attn_splits_for(batch: int, num_sms: int) -> int:
-    """Splits per request: about one attention task per SM across the batch; from batch 16 at most one (at
-    batch 16 the ceiling's 9 splits made 144 tasks for 132 SMs, and the 12 SMs holding two ended attention
-    ~45 us after the median; 8 splits with the norm wave: the step -1.5 to -2.0% in three runs, the splits
-    alone -0.4% to -2.5%). Below 16 the ceiling stays: batch 8 measured 17 splits (136 tasks) 1.7% faster
-    than 16."""
-    per_request = num_sms // batch if batch >= WIDE_FROM_BATCH else -(-num_sms // batch)
-    return max(1, min(MAX_ATTN_SPLITS, per_request))
+    """Splits per request: at most one attention task per SM across the batch (num_sms // batch, at least one).
+    A batch whose split count rounded up would give some SMs two tasks ends its wave one task later: batch 8's
+    17 splits (136 tasks on 132 SMs) ran the attention wave alone 1.75-1.85x FlashAttention 3's time, 16
+    splits 1.03-1.13x (benchmarks/results/h200-2026-12-02-v2-vllm-tests-two-speeds); at batch 16 the ceiling's
+    9 splits (144 tasks) ended attention ~45 us after the median SM (8 splits: the step -1.5 to -2.0%)."""
+    return max(1, min(MAX_ATTN_SPLITS, num_sms // batch))
 
 
 O_WITHIN_DOWN = 0.7  # where o_within_down_for puts the O projection among the down places
