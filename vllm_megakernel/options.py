@@ -2,11 +2,12 @@
 
 Accepted keys:
 
-- ``enabled``: ``true`` asks for the megakernel, ``false`` is stock vLLM. Left out, the megakernel runs
-  wherever it can (extension built, Hopper GPU, supported setup) and stock vLLM runs elsewhere -- once
-  :data:`AUTOMATIC_DEFAULT` is on. It is opt-in until vLLM's own GPU tests (stepwise against stock, greedy
-  decoding through both CUDA-graph modes, the server) have passed on the current kernel; it is sanitizer-clean
-  and has a measured batch limit (benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved).
+- ``enabled``: ``true`` asks for the megakernel, ``false`` is stock vLLM. Left out (automatic mode, on since
+  :data:`AUTOMATIC_DEFAULT` is true), the megakernel runs wherever it can (extension built, Hopper GPU,
+  supported setup) and stock vLLM runs elsewhere. The kernel is sanitizer-clean
+  (benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved) and vLLM's own GPU tests (stepwise against
+  stock, greedy decoding through both CUDA-graph modes, stock equivalence, the server) passed on it
+  (benchmarks/results/h200-2026-12-02-v2-vllm-tests-two-speeds).
 - ``strict``: ``true`` turns every fallback to stock into an error.
 - ``max_batch``: the largest decode batch the megakernel takes (1 to the kernel's 64); larger decode
   batches run vLLM's stock forward, captured in the same CUDA graphs (each graph holds the path its batch
@@ -39,24 +40,26 @@ from vllm_megakernel.megakernel.abi import KERNEL
 
 CONFIG_KEY = "megakernel"
 
-# Whether a setup that leaves ``enabled`` out gets the megakernel. Racecheck, memcheck and synccheck are clean
-# on the kernel since e7a60f8 and MEASURED_MAX_BATCH is measured (both in
-# benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved); off until the vLLM-stage GPU tests
-# (tests/gpu/test_vllm_megakernel_e2e.py, test_stock_equivalence.py, test_serve.py) pass on this kernel.
-# Until then ``enabled: true`` opts in and everything else is stock vLLM.
-AUTOMATIC_DEFAULT = False
+# Whether a setup that leaves ``enabled`` out gets the megakernel. On since the vLLM-stage GPU tests
+# (tests/gpu/test_vllm_megakernel_e2e.py, test_stock_equivalence.py, test_serve.py) passed on the kernel of
+# csrc/ as at b10a799 (benchmarks/results/h200-2026-12-02-v2-vllm-tests-two-speeds), which racecheck, memcheck
+# and synccheck also found clean (benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved). A kernel change
+# that has not been through those tests again may set it back to False: then ``enabled: true`` opts in,
+# everything else is stock vLLM, and the log line says how to opt in (OPT_IN_REASON).
+AUTOMATIC_DEFAULT = True
 OPT_IN_REASON = ("the megakernel is opt-in until vLLM's GPU tests have passed on the current kernel: set "
                  "additional_config.megakernel.enabled=true")
 
 # The largest decode batch measured at least as fast as stock vLLM -- together with every smaller batch
 # measured -- in the committed sweeps below (8K, the weights' own routing; a batch measured in several counts
-# from the last folder listed): batch 1-8 on 90d9cde's kernel (each change landed since measured faster there
-# or within its run's spread, kernel alone), 16 on 8d7c0b1's, 32 and 64 on d818944's (1.04x and 1.01x). A CPU
-# test recomputes it from their results.json files.
+# from the last folder listed): batch 1-16 on the current kernel (session R: 1.67 / 1.48 / 1.37 / 1.30 / 1.14x
+# at batch 1 / 2 / 4 / 8 / 16), 32 and 64 on d818944's (1.04x and 1.01x). A CPU test recomputes it from their
+# results.json files.
 MEASURED_MAX_BATCH = 64
 MEASURED_IN = ("benchmarks/results/h200-2026-12-01-v2-dead-places-vs-stock-8k/sweep",
                "benchmarks/results/h200-2026-12-02-v2-candidates-vllm-wide/call2",
-               "benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved/call3/r/sweep")
+               "benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved/call3/r/sweep",
+               "benchmarks/results/h200-2026-12-03-v2-splits-floor-sweep/call4/sweep")
 KERNEL_MAX_BATCH = KERNEL["max_batch"]
 
 _FIELDS: dict[str, type] = {"enabled": bool, "strict": bool, "max_batch": int}

@@ -163,27 +163,32 @@ def test_cli_flag_reaches_the_options_and_the_compile_cache_key():
     assert hashes["True"] != hashes["False"]
 
 
-def test_automatic_mode_is_opt_in_while_the_default_is_off():
-    from vllm_megakernel.options import AUTOMATIC_DEFAULT, OPT_IN_REASON
+def test_automatic_mode_runs_the_megakernel_by_default():
+    """The vLLM-stage GPU tests passed on the current kernel, so a setup that leaves ``enabled`` out runs the
+    megakernel (up to the measured batch limit) wherever it can, and still falls back where it cannot."""
+    from vllm_megakernel.options import AUTOMATIC_DEFAULT, MEASURED_MAX_BATCH
 
+    assert AUTOMATIC_DEFAULT
     d = decide(MegakernelOptions(), None, [])
-    assert d.use_megakernel == AUTOMATIC_DEFAULT
-    if not AUTOMATIC_DEFAULT:
-        assert d.reasons == (OPT_IN_REASON,)
-        with pytest.raises(MegakernelUnsupportedError, match="opt-in"):
-            decide(MegakernelOptions(strict=True), None, [])
-
-
-def test_automatic_mode_turns_the_megakernel_on_once_the_default_flips(monkeypatch):
-    import vllm_megakernel.options as options
-
-    monkeypatch.setattr(options, "AUTOMATIC_DEFAULT", True)
-    assert decide(MegakernelOptions(), None, []).use_megakernel
+    assert d.use_megakernel and d.max_batch == MEASURED_MAX_BATCH
+    assert decide(MegakernelOptions(strict=True), None, []).use_megakernel
     assert not decide(MegakernelOptions(), None, ["LoRA is on"]).use_megakernel  # still falls back
     assert not decide(MegakernelOptions(), "not built", []).use_megakernel
 
 
-def test_batch_limit_by_mode_and_the_log_line_says_which_batches_run_where(monkeypatch):
+def test_automatic_mode_is_opt_in_when_the_default_is_off(monkeypatch):
+    """The switch a kernel change sets back to False until vLLM's GPU tests pass on it again."""
+    import vllm_megakernel.options as options
+
+    monkeypatch.setattr(options, "AUTOMATIC_DEFAULT", False)
+    d = decide(MegakernelOptions(), None, [])
+    assert not d.use_megakernel and d.reasons == (options.OPT_IN_REASON,)
+    with pytest.raises(MegakernelUnsupportedError, match="opt-in"):
+        decide(MegakernelOptions(strict=True), None, [])
+    assert decide(MegakernelOptions(enabled=True), None, []).use_megakernel
+
+
+def test_batch_limit_by_mode_and_the_log_line_says_which_batches_run_where():
     import vllm_megakernel.options as options
 
     asked = decide(MegakernelOptions(enabled=True), None, [])
@@ -192,7 +197,6 @@ def test_batch_limit_by_mode_and_the_log_line_says_which_batches_run_where(monke
     assert chosen.max_batch == 4
     assert "batches of 1 to 4" in chosen.log_line() and "max_batch" in chosen.log_line()
     assert "larger decode batches" in chosen.log_line()
-    monkeypatch.setattr(options, "AUTOMATIC_DEFAULT", True)
     auto = decide(MegakernelOptions(), None, [])
     assert auto.max_batch == options.MEASURED_MAX_BATCH
     assert all(folder in auto.log_line() for folder in options.MEASURED_IN)

@@ -55,3 +55,7 @@ def test_server_log_names_the_decode_path(server):
     lines = [line for line in server.read_text().splitlines() if "vllm_megakernel: decode runs on" in line]
     assert lines
     print("decision:", lines[0])
+    from vllm_megakernel.options import AUTOMATIC_DEFAULT, MEASURED_MAX_BATCH
+
+    if AUTOMATIC_DEFAULT:  # the key is absent here: automatic mode, the measured batch limit and why
+        assert f"decode runs on the megakernel for batches of 1 to {MEASURED_MAX_BATCH} (measured" in lines[0]
