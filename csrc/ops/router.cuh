@@ -84,6 +84,7 @@ struct RouterTopkOp {
     const bool renorm = c.st.i(abi::S_NORM_TOPK_PROB) != 0;
     for (int e = c.thread; e < E; e += kConsumerThreads) sh.count[e] = sh.fill[e] = 0;
     const bool uniform = c.st.i(abi::S_UNIFORM_ROUTING) != 0;
+    if (uniform) c.mark_inputs();  // no scores to read
     for (int r = c.warp; r < B && uniform; r += kConsumerWarps) {
       // Lane l holds draw j0 + l; a draw is taken if no earlier lane drew its value and no expert taken
       // from an earlier round is it, in lane order, until the row has K (32 draws almost always do).
@@ -116,6 +117,11 @@ struct RouterTopkOp {
         const float v = scores[r * E + c.lane + 32 * j];
         key[j] = v >= 0.f ? __float_as_uint(v) + 2u : 1u;
       }
+      if (r == c.warp) {  // the trace's first mark (the leader's first row): its scores are in registers
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) asm volatile("" ::"r"(key[j]));  // the loads land before the mark
+        c.mark_inputs();
+      }
       float total = 0.f, mine = 0.f;  // lane k keeps the k-th weight
 #pragma unroll 1
       for (int k = 0; k < K; ++k) {
@@ -137,7 +143,7 @@ struct RouterTopkOp {
       }
       if (c.lane < K) topk_w[r * K + c.lane] = renorm ? mine / total : mine;
     }
-    c.mark_inputs();  // the trace's phase marks: rows chosen here, the work list below
+    c.mark_stages();  // the trace's second mark: every row's experts chosen (the work list below is the rest)
     consumer_sync();
     for (int p = c.thread; p < B * K; p += kConsumerThreads)
       if (sh.chosen[p] >= 0) atomicAdd(&sh.count[sh.chosen[p]], 1);
@@ -162,7 +168,6 @@ struct RouterTopkOp {
         c.st.layer_active()[layer] = base;  // the producers' and the signaller's count of this layer's slots
       }
     }
-    c.mark_stages();
     consumer_sync();
     // Each expert's rows, ascending, in one pass of warp 0 over the pairs 32 at a time: a pair's place is
     // its expert's rows placed by earlier rounds plus the same-expert pairs on lower lanes of this one.

@@ -8,7 +8,8 @@ SM, wait start, run start, end; globaltimer ns). This module turns it into a per
   phases: until the activation rows were staged (inputs), from then until the last weight or K/V stage
   was consumed (stages), and the fence and barrier after the body (tail, its outputs becoming visible);
   ATTN_COMBINE marks its first head: inputs until the splits' weights are known, stages until the partial
-  outputs are summed;
+  outputs are summed; ROUTER_TOPK: inputs until the first row's scores are loaded (0 with uniform routing),
+  stages until every row's experts are chosen (the expert work list is the rest of the run);
 - wait time: mean time a task's leader spent on its input barriers, i.e. waiting for earlier waves;
 - span: per layer, first run start to last end of the wave's tasks, averaged over layers -- the wall time
   the wave occupies on the critical path when waves do not overlap;

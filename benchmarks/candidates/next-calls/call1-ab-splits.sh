@@ -4,12 +4,17 @@
 # ceiling's split count; since 226475f it compares a schedule variant's distance from the reference with the base
 # schedule's own): batch 8, 7 and 5 in one `benchmarks.ab.interleaved` process each, the floor split count (main's
 # default since b8204fd) against the ceiling's. Then `benchmarks.kernel_profile` at batch 1, 8 and 64 on main (issue
-# #10's per-wave table on the current kernel). `bash call1-ab-splits.sh [SECONDS]` (default 420).
+# #10's per-wave table on the current kernel; the top-k's trace marks moved in session R: inputs until the
+# scores are loaded, stages until the rows' experts are chosen, PERF_LOG #99). First the kernel tests, since that
+# commit touched csrc/ops/router.cuh (trace marks only). `bash call1-ab-splits.sh [SECONDS]` (default 560).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-420}
+res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-560}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
 so=$(ls vllm_megakernel/_C*.so)
+MEGAKERNEL_TEST_CHECKPOINT=/tmp/nmc-5l timeout 200 python3 -m pytest -q -rA -p no:cacheprovider \
+  tests/gpu/test_each_opcode.py tests/gpu/test_megakernel_step.py > $res/kernel-tests.txt 2>&1
+echo "kernel tests rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/kernel-tests.txt; grep -E "^FAILED" $res/kernel-tests.txt | head -6
 for b in 8 7 5; do
   ceil=$(( (132 + b - 1) / b ))
   timeout 120 python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b --rounds 8 \
