@@ -356,6 +356,15 @@ def route(h: torch.Tensor, router: torch.Tensor, dims: ModelDims
 ROUTER_TIE_TOL = 0.01
 
 
+def vector_distance(got: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per vector (the last dimension) of ``got`` against ``expected``: cosine similarity, and max absolute error
+    relative to the expected vector's max magnitude -- the measures every kernel-against-reference check here
+    states its tolerance in (GPU step tests: cosine >= 0.999, error <= 3%)."""
+    got, expected = got.float(), expected.float()
+    cos = F.cosine_similarity(got, expected, dim=-1)
+    return cos, (got - expected).abs().amax(-1) / expected.abs().amax(-1)
+
+
 def is_near_tie(scores: torch.Tensor, chosen: torch.Tensor, top_k: int, tol: float = ROUTER_TIE_TOL) -> bool:
     """Whether another implementation's choice ``chosen`` (expert ids) for one row is a near-tie in this
     row's own ``scores`` [E]: every chosen expert scores within ``tol`` of the k-th best."""

@@ -130,3 +130,19 @@ def test_near_tie_rule_accepts_only_choices_within_tolerance_of_the_kth_score():
     assert ref.is_near_tie(scores, torch.tensor([0, 1, 3]), 3)  # 0.695 is 0.005 below it
     assert not ref.is_near_tie(scores, torch.tensor([0, 1, 4]), 3)  # 0.60 is 0.1 below it
     assert ref.is_near_tie(scores, torch.tensor([0, 1, 4]), 3, tol=0.2)
+
+
+def test_vector_distance_is_cosine_and_max_error_relative_to_the_expected_max_per_vector():
+    import torch
+
+    from vllm_megakernel.reference import vector_distance
+
+    expected = torch.tensor([[[1.0, -2.0, 4.0], [0.5, 0.5, 0.5]]])  # [rows, vectors, values]
+    got = expected.clone()
+    got[0, 0, 1] = -1.0  # off by 1 against a max of 4: 25%
+    cos, err = vector_distance(got, expected)
+    assert cos.shape == err.shape == (1, 2)
+    assert err[0, 0].item() == 0.25 and err[0, 1].item() == 0.0
+    assert cos[0, 1].item() > 0.9999999 and cos[0, 0].item() < 0.99
+    assert vector_distance(2 * expected, expected)[0].min().item() > 0.9999  # cosine ignores scale, error does not
+    assert vector_distance(2 * expected, expected)[1].max().item() == 1.0
