@@ -91,8 +91,8 @@ struct AttnPartialOp {
       for (int i = 0; i < kTile / run; ++i) {
         const int pos = pos0 + i * run;
         const long long src = (long long)table[min(pos / bs, last_block)] * s_block + (pos % bs) * s_tok;
-        p.stages.copy(dst + i * run * kTokenBytes, cache + src, run * kTokenBytes);
-        p.stages.copy(dst + kTile * kTokenBytes + i * run * kTokenBytes, cache + src + s_kv, run * kTokenBytes);
+        p.stages.copy_read_once(dst + i * run * kTokenBytes, cache + src, run * kTokenBytes);
+        p.stages.copy_read_once(dst + kTile * kTokenBytes + i * run * kTokenBytes, cache + src + s_kv, run * kTokenBytes);
       }
       p.stages.end();
     }

@@ -33,7 +33,7 @@ __device__ bool load_weight_rows(Producer& p, const bf16* rows, int nrows) {
   for (int r = 0; r < nrows; r += RS) {
     uint8_t* dst = p.stages.begin(kBytes);
     if (!dst) return false;
-    p.stages.copy(dst, rows + (long long)r * K, kBytes);
+    p.stages.copy_read_once(dst, rows + (long long)r * K, kBytes);
     p.stages.end();
   }
   return true;

@@ -220,8 +220,8 @@ def attn_splits_for(batch: int, num_sms: int) -> int:
     A batch whose split count rounded up would give some SMs two tasks ends its wave one task later: batch 8's
     17 splits (136 tasks on 132 SMs) ran the attention wave alone 1.75-1.85x FlashAttention 3's time, 16
     splits 1.03-1.13x (benchmarks/results/h200-2026-12-02-v2-vllm-tests-two-speeds; 1.01-1.13x in
-    h200-2026-12-03-v2-splits-floor-sweep). What it does to batch 5 / 7 / 8's whole step is not yet timed in one
-    process (PERF_LOG #97; an older kernel ran batch 8's step 1.7% faster at 17 splits). At batch 16 the ceiling's
+    h200-2026-12-03-v2-splits-floor-sweep). In one process batch 8's whole step was 1.8% slower at 17 splits
+    (PERF_LOG #97, h200-2026-12-03-v2-l2-hints; batch 5 and 7 not timed). At batch 16 the ceiling's
     9 splits (144 tasks) ended attention ~45 us after the median SM (8 splits: the step -1.5 to -2.0%)."""
     return max(1, min(MAX_ATTN_SPLITS, num_sms // batch))
 
