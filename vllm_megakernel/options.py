@@ -43,7 +43,9 @@ CONFIG_KEY = "megakernel"
 # Whether a setup that leaves ``enabled`` out gets the megakernel. On since the vLLM-stage GPU tests
 # (tests/gpu/test_vllm_megakernel_e2e.py, test_stock_equivalence.py, test_serve.py) passed on the kernel of
 # csrc/ as at b10a799 (benchmarks/results/h200-2026-12-02-v2-vllm-tests-two-speeds), which racecheck, memcheck
-# and synccheck also found clean (benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved). A kernel change
+# and synccheck also found clean (benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved). Session S's L2
+# cache hint on the weight and K/V copies changes no result (bit-equal outputs at batch 1, 8 and 64, the kernel
+# tests pass; benchmarks/results/h200-2026-12-03-v2-l2-hints); the vLLM-stage tests have not run on it. A kernel change
 # that has not been through those tests again may set it back to False: then ``enabled: true`` opts in,
 # everything else is stock vLLM, and the log line says how to opt in (OPT_IN_REASON).
 AUTOMATIC_DEFAULT = True
@@ -52,14 +54,12 @@ OPT_IN_REASON = ("the megakernel is opt-in until vLLM's GPU tests have passed on
 
 # The largest decode batch measured at least as fast as stock vLLM -- together with every smaller batch
 # measured -- in the committed sweeps below (8K, the weights' own routing; a batch measured in several counts
-# from the last folder listed): batch 1-16 on the current kernel (session R: 1.67 / 1.48 / 1.37 / 1.30 / 1.14x
-# at batch 1 / 2 / 4 / 8 / 16), 32 and 64 on d818944's (1.04x and 1.01x). A CPU test recomputes it from their
-# results.json files.
+# from the last folder listed): batch 1-64 on the current kernel (session S, the L2 evict-first copies: 1.85 /
+# 1.60 / 1.45 / 1.35 / 1.17 / 1.09 / 1.06x at batch 1 / 2 / 4 / 8 / 16 / 32 / 64). A CPU test recomputes it from
+# their results.json files. Older kernels' sweeps stay in benchmarks/results (the README names them).
 MEASURED_MAX_BATCH = 64
-MEASURED_IN = ("benchmarks/results/h200-2026-12-01-v2-dead-places-vs-stock-8k/sweep",
-               "benchmarks/results/h200-2026-12-02-v2-candidates-vllm-wide/call2",
-               "benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved/call3/r/sweep",
-               "benchmarks/results/h200-2026-12-03-v2-splits-floor-sweep/call4/sweep")
+MEASURED_IN = ("benchmarks/results/h200-2026-12-03-v2-l2-hints/call3/sweep",
+               "benchmarks/results/h200-2026-12-03-v2-l2-hints/call4/sweep")
 KERNEL_MAX_BATCH = KERNEL["max_batch"]
 
 _FIELDS: dict[str, type] = {"enabled": bool, "strict": bool, "max_batch": int}
