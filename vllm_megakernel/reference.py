@@ -356,10 +356,16 @@ def route(h: torch.Tensor, router: torch.Tensor, dims: ModelDims
 ROUTER_TIE_TOL = 0.01
 
 
+# The kernel step's tolerance against this reference, per vector (vector_distance): different summation orders
+# in bf16 (tests/gpu/test_megakernel_step.py; benchmarks.ab.interleaved's check of another schedule).
+STEP_MIN_COSINE = 0.999
+STEP_MAX_REL_ERR = 0.03
+
+
 def vector_distance(got: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per vector (the last dimension) of ``got`` against ``expected``: cosine similarity, and max absolute error
     relative to the expected vector's max magnitude -- the measures every kernel-against-reference check here
-    states its tolerance in (GPU step tests: cosine >= 0.999, error <= 3%)."""
+    states its tolerance in (STEP_MIN_COSINE, STEP_MAX_REL_ERR)."""
     got, expected = got.float(), expected.float()
     cos = F.cosine_similarity(got, expected, dim=-1)
     return cos, (got - expected).abs().amax(-1) / expected.abs().amax(-1)

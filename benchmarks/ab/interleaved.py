@@ -8,11 +8,11 @@
 Why: batch 1's kernel-alone step has differed between processes running the same kernel by up to 10-13%
 (session J's defaults, 2566-2860 us; PERF_LOG #58, #67), more than any change looked for there, so run.sh's
 one process per variant cannot decide at batch 1 (session O: both base runs 1.1% apart, all three candidates
-6-8% below both, with no wave in their traces moved for a reason). Here the variants share one process and one set of allocations; each round
-times every variant ``--iters`` launches (median of the round), in an order rotated round by round (each variant
-first as often as the others), and each variant's change is the median over rounds of its round median against
-the base's round median of the same round (paired: a slow round moves both). What still differs between the
-variants: the kernel's code, and where each extension's code lands.
+6-8% below both, with no wave in their traces moved for a reason). Here the variants share one process and one
+set of allocations; each round times every variant ``--iters`` launches (median of the round), in an order
+rotated round by round (each variant first as often as the others), and each variant's change is the median over
+rounds of its round median against the base's round median of the same round (paired: a slow round moves both).
+What still differs between the variants: the kernel's code, and where each extension's code lands.
 
 A variant is an extension and a schedule (a kernel_profile schedule string after `@`, default "default"):
 variants of one schedule share one step; a schedule of its own gets its own step (its own workspace and
@@ -146,10 +146,13 @@ def reference_distance(dims, weights, inp, schedule, ext) -> dict:
 
 
 def no_further_from_reference(variant: dict, base: dict) -> bool:
-    """A variant's reference distance is acceptable if it is within the GPU step tests' tolerance (cosine >= 0.999,
-    max error <= 3%) or no worse than the base schedule's own distance by more than 0.001 in cosine and 1.5x in error."""
-    return (variant["min_cosine"] >= min(0.999, base["min_cosine"] - 0.001)
-            and variant["max_rel_err"] <= max(0.03, 1.5 * base["max_rel_err"]))
+    """A variant's reference distance is acceptable if it is within the GPU step tests' tolerance
+    (reference.STEP_MIN_COSINE, STEP_MAX_REL_ERR) or no worse than the base schedule's own distance by more than
+    0.001 in cosine and 1.5x in error."""
+    from vllm_megakernel.reference import STEP_MAX_REL_ERR, STEP_MIN_COSINE
+
+    return (variant["min_cosine"] >= min(STEP_MIN_COSINE, base["min_cosine"] - 0.001)
+            and variant["max_rel_err"] <= max(STEP_MAX_REL_ERR, 1.5 * base["max_rel_err"]))
 
 
 def time_batch(dims, weights, variants: list[tuple[str, object, str]], batch: int, context: int, rounds: int,
@@ -215,8 +218,8 @@ def time_batch(dims, weights, variants: list[tuple[str, object, str]], batch: in
                             if k != "task_trace"}})
     return {"batch": batch, "context": context, "schedules": {n: s for n, _, s in variants}, "rounds": rounds,
             "iters": iters, "orders": orders, "round_medians_us": medians, "output_cosine": cosines,
-            "bit_equal": bit_equal, "reference_check": reference, "clocks": clocks, "variants": paired_changes(medians, names[0]),
-            "profiles": profiles}
+            "bit_equal": bit_equal, "reference_check": reference, "clocks": clocks,
+            "variants": paired_changes(medians, names[0]), "profiles": profiles}
 
 
 def main(argv=None) -> None:
