@@ -4,8 +4,9 @@
 // visible keys (positions [seq_len - W, seq_len) on sliding layers, [0, seq_len) on full layers). The
 // split is evaluated on the live seq_len with layout.attn_split_tiles' formula (AttnSplit below) by the
 // producer, the consumers and the combine alike: the visible tiles are cut into equal runs of at least
-// attn_min_tiles, so short contexts use few splits and the tasks past them neither wait nor compute (and write
-// nothing: the combine reads only the splits in use).
+// attn_min_tiles (and, with attn_live_splits, long enough that at most that many are in use, up to
+// attn_max_tiles), so short contexts use few splits and the tasks past them neither wait nor compute (and
+// write nothing: the combine reads only the splits in use).
 //
 // Producer: one stage per tile, K then V of all 4 KV heads: vLLM's layout (block, K/V, token, head, dim)
 // makes the 16 tokens of a block one contiguous 16 KB run of K and one of V, so a stage is two bulk copies
@@ -51,6 +52,8 @@ struct AttnSplit {
     const int n = (a.end + kTile - 1) / kTile - a.first;
     const int splits = (int)st.i(abi::S_ATTN_SPLITS);
     a.per = max((int)st.i(abi::S_ATTN_MIN_TILES), (n + splits - 1) / splits);
+    const int live = (int)st.i(abi::S_ATTN_LIVE_SPLITS);
+    if (live > 0) a.per = max(a.per, min((n + live - 1) / live, (int)st.i(abi::S_ATTN_MAX_TILES)));
     a.used = (n + a.per - 1) / a.per;
     return a;
   }

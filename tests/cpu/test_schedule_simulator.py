@@ -2,6 +2,7 @@
 conflicting access ordered, and the step computed task by task equal to the reference decode step."""
 
 import dataclasses
+import itertools
 import json
 
 from collections import defaultdict
@@ -504,10 +505,23 @@ def test_attention_splits_give_every_sm_work_and_follow_the_live_length():
     assert layout.attn_split_tiles(1, None, 8, 2) == (0, 2, 1)
     assert layout.attn_split_tiles(8192 + 1, None, 128, 2) == (0, 5, 103)
     assert layout.attn_split_tiles(1000, None, 128, 2) == (0, 2, 32)
-    for seq_len, window, splits in [(1, None, 4), (17, None, 4), (4097, 4096, 128), (9000, 4096, 3), (33, 32, 2),
-                                    (131073, None, 128)]:
-        first, per, used = layout.attn_split_tiles(seq_len, window, splits, 2)
+    # a cap of 64 live splits: 8K's full and sliding layers on 57 / 52 splits (s64's runs), while 32K's full
+    # layer keeps its 121 splits of 17 tiles (the cap would need 33-tile runs, past max_tiles=16)
+    assert layout.attn_split_tiles(8192 + 1, None, 128, 2, 64, 16) == (0, 9, 57)
+    assert layout.attn_split_tiles(8192 + 1, 4096, 128, 2, 64, 16) == (256, 5, 52)
+    assert layout.attn_split_tiles(32768 + 1, None, 128, 2, 64, 16) == (0, 17, 121)
+    assert layout.attn_split_tiles(16384 + 1, None, 128, 2, 64, 16) == (0, 16, 65)
+    assert layout.attn_split_tiles(8192 + 1, None, 128, 2, 0, 16) == (0, 5, 103)  # 0: off
+    assert layout.attn_live_splits_for(1, 64) == 64 and layout.attn_live_splits_for(3, 64) == 21
+    assert layout.attn_live_splits_for(128, 64) == 1 and layout.attn_live_splits_for(2, 0) == 0
+    for (seq_len, window, splits), (live, most) in itertools.product(
+            [(1, None, 4), (17, None, 4), (4097, 4096, 128), (9000, 4096, 3), (33, 32, 2), (131073, None, 128)],
+            [(0, 16), (64, 16), (3, 4), (1, 1)]):
+        first, per, used = layout.attn_split_tiles(seq_len, window, splits, 2, live, most)
         assert used <= splits and per >= 2
+        if live:
+            plain = layout.attn_split_tiles(seq_len, window, splits, 2)
+            assert used <= plain[2] and (used <= live or per >= most or per == plain[1])
         start, end = layout.visible_range(seq_len, window)
         covered = []
         for s in range(used):
@@ -886,3 +900,61 @@ def test_routing_sms_hold_each_moe_layers_routing_and_nothing_else_of_it(dims, w
     for bad in (-1, 6):
         with pytest.raises(ValueError, match="routing_sms"):
             StepShape(**shape, routing_sms=bad)
+
+
+@pytest.mark.parametrize("batch, order", [(1, "random"), (2, "reverse")])
+def test_descending_split_order_deals_each_requests_last_split_first_and_computes_the_same(dims, weights, batch,
+                                                                                             order):
+    """StepShape.split_order="descending": each request's ATTN_PARTIAL tasks are created (so dealt) last split
+    first, so the splits a short context fills sit on the SMs dealt last in the wave and the next wave's extra
+    places go to the SMs of empty splits; the same tasks otherwise, deadlock- and race-free, and the step's
+    result bit-equal to the ascending order's (each split writes its own partial)."""
+    gen = torch.Generator().manual_seed(batch)
+    lengths = [9, 3][:batch]
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
+    sim.fill_history(lengths, generator=gen)
+    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    shape = dict(batch=batch, num_sms=5, attn_splits=3, attn_min_tiles=1)
+    up = build_schedule(dims, StepShape(**shape), *weights.intermediates())
+    down = build_schedule(dims, StepShape(**shape, split_order="descending"), *weights.intermediates())
+
+    def splits(s):
+        return [(t.fields["request"], t.fields["split"]) for t in s.tasks if t.op == Op.ATTN_PARTIAL and t.layer == 0]
+
+    assert splits(up) == [(r, k) for r in range(batch) for k in range(3)]
+    assert splits(down) == [(r, k) for r in range(batch) for k in (2, 1, 0)]
+    def task_set(s):
+        return sorted((t.op, t.layer, tuple(sorted(t.fields.items()))) for t in s.tasks)
+
+    assert task_set(down) == task_set(up)
+    simulate.check_races(down, order=order, seed=batch)
+    got = simulate.decode_step(down, weights, clone_inputs(inp), order=order, seed=batch)
+    want = simulate.decode_step(up, weights, clone_inputs(inp), order=order, seed=batch)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="split_order"):
+        StepShape(**shape, split_order="sideways")
+
+
+@pytest.mark.parametrize("batch, live_tasks, order", [(1, 2, "random"), (2, 2, "reverse"), (3, 4, "random")])
+def test_a_live_split_cap_runs_attention_on_fewer_longer_splits_and_matches_the_reference(dims, weights, batch,
+                                                                                          live_tasks, order):
+    """StepShape.attn_live_tasks: at most live_tasks // batch splits per request hold keys (up to attn_max_tiles
+    a split), the others return at once; the step is race-free and matches the reference, and the splits
+    the simulator ran are layout.attn_split_tiles' (the kernel's formula) with the cap."""
+    gen = torch.Generator().manual_seed(batch)
+    lengths = [100, 37, 70][:batch]  # 7, 3 and 5 tiles of 16 tokens
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
+    sim.fill_history(lengths, generator=gen)
+    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    shape = StepShape(batch=batch, num_sms=5, attn_splits=4, attn_min_tiles=1, attn_live_tasks=live_tasks,
+                      attn_max_tiles=8)
+    assert shape.attn_live_splits == max(1, live_tasks // batch)
+    sched = build_schedule(dims, shape, *weights.intermediates())
+    simulate.check_races(sched, order=order, seed=batch)
+    used = [layout.attn_split_tiles(n + 1, None, 4, 1, shape.attn_live_splits, 8)[2] for n in lengths]
+    plain = [layout.attn_split_tiles(n + 1, None, 4, 1)[2] for n in lengths]
+    assert all(u <= shape.attn_live_splits for u in used) and used != plain
+    torch.testing.assert_close(simulate.decode_step(sched, weights, clone_inputs(inp), order=order, seed=batch),
+                               ref.decode_step(dims, weights, clone_inputs(inp)), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="attn_live_tasks"):
+        StepShape(batch=batch, num_sms=5, attn_live_tasks=-2)

@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -133,7 +133,10 @@ ERROR_FIELDS = (
 # read by every task. Pointers are device addresses; fields marked (f64) hold a double's bit pattern. The
 # workspace buffers (layout.workspace_spec gives each one's shape and dtype) follow the scalars.
 STEP_FIELDS = (
-    "batch", "num_slots", "block_size", "sliding_window", "attn_splits", "attn_min_tiles", "norm_topk_prob",
+    "batch", "num_slots", "block_size", "sliding_window", "attn_splits", "attn_min_tiles",
+    # layout.attn_split_tiles' cap on live splits per request (0: off) and the longest split it allows
+    "attn_live_splits", "attn_max_tiles",
+    "norm_topk_prob",
     "eps_f64", "rope_theta_f64", "timeout_ns",
     # 1: experts are drawn uniformly at random instead of by the router, with weight 1 (vLLM's
     # VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random, for benchmarks); reference.uniform_experts

@@ -23,6 +23,8 @@ ATTN_TILE = KERNEL["attn_tile_tokens"]
 MAX_BATCH = KERNEL["max_batch"]
 NORM_ROWS = CONSUMER_WARPS  # batch rows per NORM task in a norm wave, a warp each (one row with combine_in_norm)
 DEFAULT_ATTN_MIN_TILES = 2  # the smallest split: 32 tokens (64 KB of K/V for the 4 KV heads)
+ATTN_LIVE_TASKS = 0  # attn_live_splits_for's cap on a step's live attention tasks (0: off)
+DEFAULT_ATTN_MAX_TILES = 16  # ... as long as a split stays within this many tiles (256 tokens, 512 KB of K/V)
 MAX_ATTN_SPLITS = KERNEL["max_attn_splits"]
 
 
@@ -254,17 +256,27 @@ def visible_range(seq_len: int, window: int | None) -> tuple[int, int]:
     return (0 if not window else max(0, seq_len - window)), seq_len
 
 
-def attn_split_tiles(seq_len: int, window: int | None, splits: int, min_tiles: int) -> tuple[int, int, int]:
+def attn_live_splits_for(batch: int, live_tasks: int = ATTN_LIVE_TASKS) -> int:
+    """Live splits per request under a cap of ``live_tasks`` live attention tasks a step (0: no cap)."""
+    return max(1, live_tasks // batch) if live_tasks else 0
+
+
+def attn_split_tiles(seq_len: int, window: int | None, splits: int, min_tiles: int, live_splits: int = 0,
+                     max_tiles: int = DEFAULT_ATTN_MAX_TILES) -> tuple[int, int, int]:
     """(first tile, tiles per split, splits in use) for a request: tiles are ATTN_TILE-token runs aligned to
     absolute positions; the visible tiles are cut into equal runs of at least ``min_tiles``, so a short
-    context uses fewer splits and the rest return at once. Split s covers tiles
-    [first + s * per, min(end, first + (s + 1) * per))."""
+    context uses fewer splits and the rest return at once. With ``live_splits`` (0: off) a run is also
+    long enough that at most that many splits are in use, unless that would take it past ``max_tiles``:
+    a history short enough keeps its attention on fewer SMs, a long one still spreads over every split.
+    Split s covers tiles [first + s * per, min(end, first + (s + 1) * per))."""
     start, end = visible_range(seq_len, window)
     if end <= start:
         return 0, 0, 0
     first, last = start // ATTN_TILE, -(-end // ATTN_TILE)
     n = last - first
     per = max(min_tiles, -(-n // splits))
+    if live_splits:
+        per = max(per, min(-(-n // live_splits), max_tiles))
     return first, per, -(-n // per)
 
 
@@ -316,7 +328,7 @@ def model_mismatches(dims, moe_intermediate: int, dense_intermediate: int) -> li
 
 
 __all__ = [
-    "ATTN_TILE", "GemmTiles", "attn_split_tiles", "attn_splits_for", "combine_heads_for", "compiled_stage_rows",
+    "ATTN_TILE", "GemmTiles", "attn_live_splits_for", "attn_split_tiles", "attn_splits_for", "combine_heads_for", "compiled_stage_rows",
     "fold_norm", "gemm_tiles", "model_mismatches", "moe_slots", "padded_rows", "route_offsets", "rows_per_stage",
     "visible_range", "workspace_spec",
 ]

@@ -150,6 +150,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     step = {
         "batch": B, "num_slots": schedule.num_slots, "block_size": inputs.kv_caches[0].shape[2],
         "sliding_window": dims.sliding_window or 0, "attn_splits": S, "attn_min_tiles": shape.attn_min_tiles,
+        "attn_live_splits": shape.attn_live_splits, "attn_max_tiles": shape.attn_max_tiles,
         "norm_topk_prob": int(dims.norm_topk_prob), "uniform_routing": int(uniform_routing),
         "eps_f64": _f64_bits(dims.eps),
         "rope_theta_f64": _f64_bits(dims.rope_theta), "timeout_ns": int(timeout_s * 1e9),

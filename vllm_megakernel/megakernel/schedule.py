@@ -79,6 +79,7 @@ WAVE_ORDERS = {
 MOE_ONLY_WAVES = ("router", "router_topk", "moe_combine")
 ROUTING_WAVES = ("router", "router_topk")  # what StepShape.routing_sms reserves SMs for
 DEALS = ("by_layer", "continuous")  # StepShape.deal
+SPLIT_ORDERS = ("ascending", "descending")  # StepShape.split_order
 UNIT = 16  # columns per region unit of the hidden-wide outputs o and mlp
 COMBINE_COLS = 128  # columns per MOE_COMBINE task
 
@@ -110,12 +111,19 @@ class StepShape:
     SMs 0 .. routing_sms - 1 hold every MoE layer's router tasks and top-k and nothing else of those layers
     (the other waves are dealt over the remaining SMs, and the default attention split counts only those),
     so the routing's SMs keep only its code and start each layer idle; a schedule choice for batch 1's
-    routing chain, which was on the layer's critical path in session P's signal-delay probes (PERF_LOG #90)."""
+    routing chain, which was on the layer's critical path in session P's signal-delay probes (PERF_LOG #90).
+    ``attn_live_tasks`` (-1: layout.ATTN_LIVE_TASKS; 0: off) caps the live attention tasks of a step: a
+    request's keys go to at most attn_live_tasks // batch of its splits as long as a split stays within
+    ``attn_max_tiles`` tiles (layout.attn_split_tiles), so a short history occupies fewer SMs while a long
+    one still spreads over every split; ``split_order`` ("ascending" or "descending") is the order each
+    request's splits are dealt in (_attn_partial_wave)."""
 
     batch: int
     num_sms: int
     attn_splits: int = 0
     attn_min_tiles: int = layout.DEFAULT_ATTN_MIN_TILES
+    attn_live_tasks: int = -1
+    attn_max_tiles: int = layout.DEFAULT_ATTN_MAX_TILES
     combine_heads: int = 0
     norm: str = "auto"
     tiles: tuple[tuple[str, int], ...] = ()
@@ -128,6 +136,7 @@ class StepShape:
     qkv_batch_split: int = 0
     o_batch_split: int = 0
     routing_sms: int = 0
+    split_order: str = "ascending"
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -136,6 +145,8 @@ class StepShape:
             raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
         if self.deal not in DEALS:
             raise ValueError(f"deal={self.deal!r}: one of {DEALS}")
+        if self.split_order not in SPLIT_ORDERS:
+            raise ValueError(f"split_order={self.split_order!r}: one of {SPLIT_ORDERS}")
         if self.combine_in_norm is None:
             object.__setattr__(self, "combine_in_norm", layout.combine_in_norm_for(self.batch))
         if self.qkv_batch_split == 0:
@@ -159,6 +170,11 @@ class StepShape:
             # before it in its list, and the O wave must follow the down wave to be moved into it
             raise ValueError(f"o_within_down needs an order with attn_combine before mlp_down and o_proj right "
                              f"after it; {self.order!r} is not one")
+        if self.attn_live_tasks == -1:
+            object.__setattr__(self, "attn_live_tasks", layout.ATTN_LIVE_TASKS)
+        if self.attn_live_tasks < 0 or self.attn_max_tiles < 1:
+            raise ValueError(f"attn_live_tasks={self.attn_live_tasks} (0: off), attn_max_tiles={self.attn_max_tiles}: "
+                             f"at least 1")
         if self.batch < 1 or self.num_sms < 1 or self.attn_splits < 0 or self.attn_min_tiles < 1:
             raise ValueError(f"invalid step shape {self}")
         if self.batch > layout.MAX_BATCH:
@@ -171,6 +187,11 @@ class StepShape:
         if self.attn_splits == 0:
             object.__setattr__(self, "attn_splits",
                                layout.attn_splits_for(self.batch, self.num_sms - self.routing_sms))
+
+    @property
+    def attn_live_splits(self) -> int:
+        """Live splits per request under ``attn_live_tasks`` (layout.attn_split_tiles' ``live_splits``)."""
+        return layout.attn_live_splits_for(self.batch, self.attn_live_tasks)
 
 
 @dataclasses.dataclass
@@ -399,7 +420,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                    down_tiles=layout.slot_tiles(H, tiles.moe_down_rows))
 
         def attn_wave():
-            bar["attn"] = _attn_partial_wave(b, layer, B, S, bar["qkv"])
+            bar["attn"] = _attn_partial_wave(b, layer, B, S, bar["qkv"], shape.split_order)
 
         def up_wave():
             if dense:
@@ -513,12 +534,18 @@ def _heads_per_combine(dims: ModelDims, shape: StepShape) -> int:
     return heads
 
 
-def _attn_partial_wave(b: _Builder, layer: int, batch: int, splits: int, qkv: int) -> int:
+def _attn_partial_wave(b: _Builder, layer: int, batch: int, splits: int, qkv: int,
+                       split_order: str = "ascending") -> int:
     """(request, split) tasks over every KV head; they wait for the layer's qkv (``NO_BARRIER``: q and the
-    new token's K/V are already in place). Returns the barrier they signal."""
+    new token's K/V are already in place). Returns the barrier they signal. A short context fills only a
+    request's first splits (layout.attn_split_tiles), so with ``split_order="descending"`` each request's
+    splits are created, and so dealt, last split first: the live ones sit on the SMs dealt last in the
+    wave, and the next wave's round-robin, which starts right after them, gives its extra places (a
+    second up/gate place on 60 SMs at batch 1) to the SMs whose split has nothing to do."""
     done = b.barrier(f"L{layer}.attn")
+    order = range(splits - 1, -1, -1) if split_order == "descending" else range(splits)
     for r in range(batch):
-        for s in range(splits):
+        for s in order:
             b.task(Op.ATTN_PARTIAL, layer, "attn_partial", waits=() if qkv == NO_BARRIER else (qkv,), signal=done,
                    load_wait=qkv, reads=(("q",), ("kv", layer)), writes=(("opart", r, s),), request=r, split=s)
     return done

@@ -519,8 +519,9 @@ class Numerics:
         """(seq_len, window, first tile, tiles per split, splits in use) of a request on a layer."""
         seq_len = int(self.inp.seq_lens[request])
         window = self.dims.sliding_window if self.dims.sliding[layer] else None
-        return (seq_len, window, *layout.attn_split_tiles(seq_len, window, self.s.shape.attn_splits,
-                                                          self.s.shape.attn_min_tiles))
+        shape = self.s.shape
+        return (seq_len, window, *layout.attn_split_tiles(seq_len, window, shape.attn_splits, shape.attn_min_tiles,
+                                                          shape.attn_live_splits, shape.attn_max_tiles))
 
     def attn_partial(self, layer: int, request: int, split: int) -> None:
         seq_len, window, first, per, used = self._splits(layer, request)
