@@ -915,8 +915,10 @@ def test_descending_split_order_deals_each_requests_last_split_first_and_compute
     sim.fill_history(lengths, generator=gen)
     inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
     shape = dict(batch=batch, num_sms=5, attn_splits=3, attn_min_tiles=1)
-    up = build_schedule(dims, StepShape(**shape), *weights.intermediates())
+    up = build_schedule(dims, StepShape(**shape, split_order="ascending"), *weights.intermediates())
     down = build_schedule(dims, StepShape(**shape, split_order="descending"), *weights.intermediates())
+    assert StepShape(**shape).split_order == "descending"  # the default where the live split cap is on
+    assert StepShape(**shape, attn_live_tasks=0).split_order == "ascending"
 
     def splits(s):
         return [(t.fields["request"], t.fields["split"]) for t in s.tasks if t.op == Op.ATTN_PARTIAL and t.layer == 0]

@@ -23,7 +23,8 @@ ATTN_TILE = KERNEL["attn_tile_tokens"]
 MAX_BATCH = KERNEL["max_batch"]
 NORM_ROWS = CONSUMER_WARPS  # batch rows per NORM task in a norm wave, a warp each (one row with combine_in_norm)
 DEFAULT_ATTN_MIN_TILES = 2  # the smallest split: 32 tokens (64 KB of K/V for the 4 KV heads)
-ATTN_LIVE_TASKS = 0  # attn_live_splits_for's cap on a step's live attention tasks (0: off)
+ATTN_LIVE_TASKS = 64  # attn_live_tasks_for: the cap on a step's live attention tasks ...
+ATTN_LIVE_UP_TO_BATCH = 8  # ... at batch 1 to this (measured there; off above)
 DEFAULT_ATTN_MAX_TILES = 16  # ... as long as a split stays within this many tiles (256 tokens, 512 KB of K/V)
 MAX_ATTN_SPLITS = KERNEL["max_attn_splits"]
 
@@ -256,7 +257,18 @@ def visible_range(seq_len: int, window: int | None) -> tuple[int, int]:
     return (0 if not window else max(0, seq_len - window)), seq_len
 
 
-def attn_live_splits_for(batch: int, live_tasks: int = ATTN_LIVE_TASKS) -> int:
+def attn_live_tasks_for(batch: int) -> int:
+    """The cap on a step's live attention tasks (schedule.StepShape's ``attn_live_tasks``; 0: off). At 8K
+    history 128 splits of 3-5 tiles at batch 1 put a partial that waits on the layer's QKV on nearly every
+    SM; 64 live tasks of at most 16 tiles, with each request's splits dealt last first (so that the up/gate
+    wave's second round lands on SMs of empty splits), measured -3.5 / -3.2 / -3.6% a step at batch 1 at 8K /
+    32K / 128K, -1.4% at batch 2, -1.8% at 4 and -0.4% at 8 (the kernel alone, one process each;
+    benchmarks/results/h200-2026-12-03-v2-session-t, call 4). The cap alone, with the splits dealt in
+    order, measured +1.7% at batch 1, the order alone +2.1%. Not measured above batch 8."""
+    return ATTN_LIVE_TASKS if batch <= ATTN_LIVE_UP_TO_BATCH else 0
+
+
+def attn_live_splits_for(batch: int, live_tasks: int) -> int:
     """Live splits per request under a cap of ``live_tasks`` live attention tasks a step (0: no cap)."""
     return max(1, live_tasks // batch) if live_tasks else 0
 
@@ -328,7 +340,7 @@ def model_mismatches(dims, moe_intermediate: int, dense_intermediate: int) -> li
 
 
 __all__ = [
-    "ATTN_TILE", "GemmTiles", "attn_live_splits_for", "attn_split_tiles", "attn_splits_for", "combine_heads_for", "compiled_stage_rows",
+    "ATTN_TILE", "GemmTiles", "attn_live_splits_for", "attn_live_tasks_for", "attn_split_tiles", "attn_splits_for", "combine_heads_for", "compiled_stage_rows",
     "fold_norm", "gemm_tiles", "model_mismatches", "moe_slots", "padded_rows", "route_offsets", "rows_per_stage",
     "visible_range", "workspace_spec",
 ]

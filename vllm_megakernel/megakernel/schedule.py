@@ -112,11 +112,11 @@ class StepShape:
     (the other waves are dealt over the remaining SMs, and the default attention split counts only those),
     so the routing's SMs keep only its code and start each layer idle; a schedule choice for batch 1's
     routing chain, which was on the layer's critical path in session P's signal-delay probes (PERF_LOG #90).
-    ``attn_live_tasks`` (-1: layout.ATTN_LIVE_TASKS; 0: off) caps the live attention tasks of a step: a
+    ``attn_live_tasks`` (-1: layout.attn_live_tasks_for the batch; 0: off) caps the live attention tasks of a step: a
     request's keys go to at most attn_live_tasks // batch of its splits as long as a split stays within
     ``attn_max_tiles`` tiles (layout.attn_split_tiles), so a short history occupies fewer SMs while a long
-    one still spreads over every split; ``split_order`` ("ascending" or "descending") is the order each
-    request's splits are dealt in (_attn_partial_wave)."""
+    one still spreads over every split; ``split_order`` ("ascending" or "descending"; None: descending where
+    the cap is on) is the order each request's splits are dealt in (_attn_partial_wave)."""
 
     batch: int
     num_sms: int
@@ -136,7 +136,7 @@ class StepShape:
     qkv_batch_split: int = 0
     o_batch_split: int = 0
     routing_sms: int = 0
-    split_order: str = "ascending"
+    split_order: str | None = None
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -145,8 +145,6 @@ class StepShape:
             raise ValueError(f"norm={self.norm!r}: 'auto', 'wave', or 'fold' up to batch {layout.REGISTER_BATCH}")
         if self.deal not in DEALS:
             raise ValueError(f"deal={self.deal!r}: one of {DEALS}")
-        if self.split_order not in SPLIT_ORDERS:
-            raise ValueError(f"split_order={self.split_order!r}: one of {SPLIT_ORDERS}")
         if self.combine_in_norm is None:
             object.__setattr__(self, "combine_in_norm", layout.combine_in_norm_for(self.batch))
         if self.qkv_batch_split == 0:
@@ -171,7 +169,11 @@ class StepShape:
             raise ValueError(f"o_within_down needs an order with attn_combine before mlp_down and o_proj right "
                              f"after it; {self.order!r} is not one")
         if self.attn_live_tasks == -1:
-            object.__setattr__(self, "attn_live_tasks", layout.ATTN_LIVE_TASKS)
+            object.__setattr__(self, "attn_live_tasks", layout.attn_live_tasks_for(self.batch))
+        if self.split_order is None:  # the cap's live splits dealt last (layout.attn_live_tasks_for)
+            object.__setattr__(self, "split_order", "descending" if self.attn_live_tasks else "ascending")
+        if self.split_order not in SPLIT_ORDERS:
+            raise ValueError(f"split_order={self.split_order!r}: one of {SPLIT_ORDERS}")
         if self.attn_live_tasks < 0 or self.attn_max_tiles < 1:
             raise ValueError(f"attn_live_tasks={self.attn_live_tasks} (0: off), attn_max_tiles={self.attn_max_tiles}: "
                              f"at least 1")
