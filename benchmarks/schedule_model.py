@@ -29,8 +29,8 @@ from pathlib import Path
 
 # Choices that change what a task does (its size, or which rows or columns it takes), not where or when it runs:
 # the profile's durations do not hold for them.
-SIZE_CHOICES = {"tiles", "attn_splits", "attn_min_tiles", "combine_heads", "norm", "moe_combine_cols",
-                "combine_in_norm", "qkv_batch_split", "o_batch_split"}
+SIZE_CHOICES = {"tiles", "attn_splits", "attn_min_tiles", "attn_live_tasks", "attn_max_tiles", "combine_heads", "norm",
+                "moe_combine_cols", "combine_in_norm", "qkv_batch_split", "o_batch_split"}
 # Choices a profile row may spell today's default sizes with: the tiles and the split count, which the row
 # records and which are compared. attn_min_tiles, combine_heads and norm are not recorded (16-tile splits
 # build as many tasks as the default and time differently), so a row naming them never stands for the default.
