@@ -45,7 +45,10 @@ CONFIG_KEY = "megakernel"
 # csrc/ as at b10a799 (benchmarks/results/h200-2026-12-02-v2-vllm-tests-two-speeds), which racecheck, memcheck
 # and synccheck also found clean (benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved). Session S's L2
 # cache hint on the weight and K/V copies changes no result (bit-equal outputs at batch 1, 8 and 64, the kernel
-# tests pass; benchmarks/results/h200-2026-12-03-v2-l2-hints); the vLLM-stage tests have not run on it. A kernel change
+# tests pass; benchmarks/results/h200-2026-12-03-v2-l2-hints). On that kernel with session T's live attention split
+# cap (a schedule choice at batch 1-8) the kernel tests and test_vllm_megakernel_e2e.py's stepwise cases passed
+# (benchmarks/results/h200-2026-12-03-v2-session-t); its greedy cases, test_stock_equivalence.py, test_serve.py
+# and the sanitizers have not run on it. A kernel change
 # that has not been through those tests again may set it back to False: then ``enabled: true`` opts in,
 # everything else is stock vLLM, and the log line says how to opt in (OPT_IN_REASON).
 AUTOMATIC_DEFAULT = True
