@@ -391,7 +391,9 @@ def test_a_traced_launch_records_every_task_in_dependency_order(wide):
         if not t.waits_only_if_work:
             return True
         window = dims.sliding_window if dims.sliding[t.layer] else None
-        used = layout.attn_split_tiles(int(inp.seq_lens[t.fields["request"]]), window, 2, 1)[2]
+        shape = sched.shape
+        used = layout.attn_split_tiles(int(inp.seq_lens[t.fields["request"]]), window, shape.attn_splits,
+                                       shape.attn_min_tiles, shape.attn_live_splits, shape.attn_max_tiles)[2]
         return t.fields["split"] < used
 
     idle = [t for t in sched.tasks if not has_work(t)]
