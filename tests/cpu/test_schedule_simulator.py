@@ -960,3 +960,35 @@ def test_a_live_split_cap_runs_attention_on_fewer_longer_splits_and_matches_the_
                                ref.decode_step(dims, weights, clone_inputs(inp)), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="attn_live_tasks"):
         StepShape(batch=batch, num_sms=5, attn_live_tasks=-2)
+
+
+@pytest.mark.parametrize("batch, order", [(1, "random"), (2, "reverse")])
+def test_combines_placed_on_empty_splits_sit_on_the_highest_splits_sms_and_compute_the_same(dims, weights, batch,
+                                                                                             order):
+    """StepShape.combine_place="empty_splits": each layer's ATTN_COMBINE tasks go to the SMs of its highest
+    splits (highest first, then request), and every other task keeps its round-robin SM; every SM's list
+    stays in step order, the step is race-free and bit-equal to the round-robin placement's."""
+    gen = torch.Generator().manual_seed(batch)
+    lengths = [40, 9][:batch]
+    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
+    sim.fill_history(lengths, generator=gen)
+    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    shape = dict(batch=batch, num_sms=7, attn_splits=3, attn_min_tiles=1)
+    plain = build_schedule(dims, StepShape(**shape), *weights.intermediates())
+    placed = build_schedule(dims, StepShape(**shape, combine_place="empty_splits"), *weights.intermediates())
+    assert [t.fields for t in placed.tasks] == [t.fields for t in plain.tasks]
+    for layer in range(dims.num_layers):
+        splits = sorted((-t.fields["split"], t.fields["request"], t.sm) for t in placed.tasks
+                        if t.op == Op.ATTN_PARTIAL and t.layer == layer)
+        combines = [t.sm for t in placed.tasks if t.op == Op.ATTN_COMBINE and t.layer == layer]
+        assert combines == [splits[i % len(splits)][2] for i in range(len(combines))]
+        rest = [(t.index, t.sm) for t in placed.tasks if t.layer == layer and t.op != Op.ATTN_COMBINE]
+        assert rest == [(t.index, t.sm) for t in plain.tasks if t.layer == layer and t.op != Op.ATTN_COMBINE]
+    assert any(a.sm != b.sm for a, b in zip(placed.tasks, plain.tasks))
+    assert all(lst == sorted(lst) for lst in placed.sm_tasks)
+    simulate.check_races(placed, order=order, seed=batch)
+    got = simulate.decode_step(placed, weights, clone_inputs(inp), order=order, seed=batch)
+    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="combine_place"):
+        StepShape(**shape, combine_place="anywhere")

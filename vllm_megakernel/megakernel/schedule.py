@@ -36,6 +36,7 @@ up/gate) never races the writers of the next layer's.
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 
 import torch
 
@@ -80,6 +81,7 @@ MOE_ONLY_WAVES = ("router", "router_topk", "moe_combine")
 ROUTING_WAVES = ("router", "router_topk")  # what StepShape.routing_sms reserves SMs for
 DEALS = ("by_layer", "continuous")  # StepShape.deal
 SPLIT_ORDERS = ("ascending", "descending")  # StepShape.split_order
+COMBINE_PLACES = ("round_robin", "empty_splits")  # StepShape.combine_place
 UNIT = 16  # columns per region unit of the hidden-wide outputs o and mlp
 COMBINE_COLS = 128  # columns per MOE_COMBINE task
 
@@ -116,7 +118,10 @@ class StepShape:
     request's keys go to at most attn_live_tasks // batch of its splits as long as a split stays within
     ``attn_max_tiles`` tiles (layout.attn_split_tiles), so a short history occupies fewer SMs while a long
     one still spreads over every split; ``split_order`` ("ascending" or "descending"; None: descending where
-    the cap is on) is the order each request's splits are dealt in (_attn_partial_wave)."""
+    the cap is on) is the order each request's splits are dealt in (_attn_partial_wave). ``combine_place``:
+    the ATTN_COMBINE tasks dealt round-robin with the rest ("round_robin"), or ("empty_splits") onto the SMs
+    of the layer's highest-numbered splits, which a short history leaves empty (the other waves keep their
+    round-robin SMs)."""
 
     batch: int
     num_sms: int
@@ -137,6 +142,7 @@ class StepShape:
     o_batch_split: int = 0
     routing_sms: int = 0
     split_order: str | None = None
+    combine_place: str = "round_robin"
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -174,6 +180,8 @@ class StepShape:
             object.__setattr__(self, "split_order", "descending" if self.attn_live_tasks else "ascending")
         if self.split_order not in SPLIT_ORDERS:
             raise ValueError(f"split_order={self.split_order!r}: one of {SPLIT_ORDERS}")
+        if self.combine_place not in COMBINE_PLACES:
+            raise ValueError(f"combine_place={self.combine_place!r}: one of {COMBINE_PLACES}")
         if self.attn_live_tasks < 0 or self.attn_max_tiles < 1:
             raise ValueError(f"attn_live_tasks={self.attn_live_tasks} (0: off), attn_max_tiles={self.attn_max_tiles}: "
                              f"at least 1")
@@ -598,10 +606,18 @@ def _placed(b: _Builder, dims: ModelDims, shape: StepShape, tiles: layout.GemmTi
     sm_tasks: list[list[int]] = [[] for _ in range(shape.num_sms)]
     reserved = shape.routing_sms  # SMs 0 .. reserved - 1: a MoE layer's routing and nothing else of it
     cursor, routing_cursor, layer = 0, 0, None
+    split_sms: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # layer -> (-split, request, SM)
+    combines: dict[int, int] = defaultdict(int)  # layer -> its ATTN_COMBINE tasks placed so far
     for t in _deal_order(b.tasks, shape):  # round-robin in dealing order
         if shape.deal == "by_layer" and t.layer != layer:
             cursor, routing_cursor, layer = 0, 0, t.layer
-        if reserved and t.layer < dims.num_layers and not dims.dense[t.layer]:  # not the final norm
+        if shape.combine_place == "empty_splits" and t.op == Op.ATTN_COMBINE and split_sms[t.layer]:
+            # after every split of its layer in step order, so any SM's list stays in step order
+            places = sorted(split_sms[t.layer])  # highest split first: the ones a short history leaves empty
+            t.sm = places[combines[t.layer] % len(places)][2]
+            combines[t.layer] += 1
+            cursor += 1  # the other waves keep the SMs the round-robin gives them: only the combines move
+        elif reserved and t.layer < dims.num_layers and not dims.dense[t.layer]:  # not the final norm
             if t.wave in ROUTING_WAVES:
                 t.sm = routing_cursor % reserved
                 routing_cursor += 1
@@ -611,6 +627,8 @@ def _placed(b: _Builder, dims: ModelDims, shape: StepShape, tiles: layout.GemmTi
         else:
             t.sm = cursor % shape.num_sms
             cursor += 1
+        if t.op == Op.ATTN_PARTIAL:
+            split_sms[t.layer].append((-t.fields["split"], t.fields["request"], t.sm))
         sm_tasks[t.sm].append(t.index)
     return Schedule(dims, shape, tiles, b.tasks, b.barriers, sm_tasks)
 

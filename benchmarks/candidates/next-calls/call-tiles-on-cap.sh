@@ -4,7 +4,8 @@
 # `benchmarks.ab.interleaved` process per batch. At batch 1 the up/gate wave's 192 tiles of 256 KB give 60 of 132
 # SMs a second tile (the wave's tail: up/gate's last end ~33 us of a 44 us layer); 24 / 16 columns make 256 / 384
 # tiles of 192 / 128 KB (PERF_LOG #50 measured 24 at +0.1% when a task cost ~3 us outside streaming, before the L2
-# hint shortened the inputs phases). `bash call-tiles-on-cap.sh`
+# hint shortened the inputs phases). ce (combine_place=empty_splits, PERF_LOG #109) at batch 1-8, with the fixed
+# splits it is meant to catch up with at batch 2 and 4. `bash call-tiles-on-cap.sh`
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res; start=$(date +%s)
@@ -17,8 +18,11 @@ run() {  # NAME BATCH LIMIT VARIANT=SCHEDULE...
     --rounds 8 --iters 30 "${args[@]}" --out $res/$name > $res/$name.log 2>&1
   echo "$name rc=$? ($(( $(date +%s) - start )) s)"; cat $res/$name/table.md 2>/dev/null || tail -5 $res/$name.log
 }
+ce=combine_place=empty_splits
 run b1 1 100 up24=moe_up_cols=24 up16=moe_up_cols=16 d64=moe_down_rows=64 cap48=attn_live_tasks=48 \
-  cap96=attn_live_tasks=96
-run b2 2 100 cap32=attn_live_tasks=32 t32=attn_max_tiles=32 cap32t32=attn_live_tasks=32,attn_max_tiles=32
-run b4 4 100 t32=attn_max_tiles=32 cap32=attn_live_tasks=32
+  cap96=attn_live_tasks=96 ce=$ce
+run b2 2 100 cap32=attn_live_tasks=32 t32=attn_max_tiles=32 cap32t32=attn_live_tasks=32,attn_max_tiles=32 ce=$ce \
+  s32=attn_splits=32
+run b4 4 100 t32=attn_max_tiles=32 cap32=attn_live_tasks=32 ce=$ce s16=attn_splits=16
+run b8 8 120 ce=$ce
 cd $OUT && tar czf r.tgz r && rm -rf r
