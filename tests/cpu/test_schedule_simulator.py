@@ -201,6 +201,14 @@ def clone_inputs(inp):
     return dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
 
 
+def step_inputs(dims, lengths, seed):
+    """One decode step's inputs over histories of ``lengths`` (4-token blocks), random new tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    sim = PagedKVSim(dims, num_requests=len(lengths), max_len=max(lengths) + 1, block_size=4, seed=seed)
+    sim.fill_history(lengths, generator=gen)
+    return sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+
+
 @pytest.mark.parametrize("batch, splits, order, claims", [(1, 1, "round_robin", True), (4, 3, "random", True),
                                                           (4, 3, "random", False), (5, 2, "reverse", True),
                                                           (19, 2, "random", True)])
@@ -909,11 +917,7 @@ def test_descending_split_order_deals_each_requests_last_split_first_and_compute
     first, so the splits a short context fills sit on the SMs dealt last in the wave and the next wave's extra
     places go to the SMs of empty splits; the same tasks otherwise, deadlock- and race-free, and the step's
     result bit-equal to the ascending order's (each split writes its own partial)."""
-    gen = torch.Generator().manual_seed(batch)
-    lengths = [9, 3][:batch]
-    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
-    sim.fill_history(lengths, generator=gen)
-    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    inp = step_inputs(dims, [9, 3][:batch], seed=batch)
     shape = dict(batch=batch, num_sms=5, attn_splits=3, attn_min_tiles=1)
     up = build_schedule(dims, StepShape(**shape, split_order="ascending"), *weights.intermediates())
     down = build_schedule(dims, StepShape(**shape, split_order="descending"), *weights.intermediates())
@@ -943,11 +947,8 @@ def test_a_live_split_cap_runs_attention_on_fewer_longer_splits_and_matches_the_
     """StepShape.attn_live_tasks: at most live_tasks // batch splits per request hold keys (up to attn_max_tiles
     a split), the others return at once; the step is race-free and matches the reference, and the splits
     the simulator ran are layout.attn_split_tiles' (the kernel's formula) with the cap."""
-    gen = torch.Generator().manual_seed(batch)
     lengths = [100, 37, 70][:batch]  # 7, 3 and 5 tiles of 16 tokens
-    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
-    sim.fill_history(lengths, generator=gen)
-    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    inp = step_inputs(dims, lengths, seed=batch)
     shape = StepShape(batch=batch, num_sms=5, attn_splits=4, attn_min_tiles=1, attn_live_tasks=live_tasks,
                       attn_max_tiles=8)
     assert shape.attn_live_splits == max(1, live_tasks // batch)
@@ -968,11 +969,7 @@ def test_combines_placed_on_empty_splits_sit_on_the_highest_splits_sms_and_compu
     """StepShape.combine_place="empty_splits": each layer's ATTN_COMBINE tasks go to the SMs of its highest
     splits (highest first, then request), and every other task keeps its round-robin SM; every SM's list
     stays in step order, the step is race-free and bit-equal to the round-robin placement's."""
-    gen = torch.Generator().manual_seed(batch)
-    lengths = [40, 9][:batch]
-    sim = PagedKVSim(dims, num_requests=batch, max_len=max(lengths) + 1, block_size=4, seed=batch)
-    sim.fill_history(lengths, generator=gen)
-    inp = sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
+    inp = step_inputs(dims, [40, 9][:batch], seed=batch)
     shape = dict(batch=batch, num_sms=7, attn_splits=3, attn_min_tiles=1)
     plain = build_schedule(dims, StepShape(**shape), *weights.intermediates())
     placed = build_schedule(dims, StepShape(**shape, combine_place="empty_splits"), *weights.intermediates())
