@@ -209,6 +209,14 @@ def step_inputs(dims, lengths, seed):
     return sim.step([int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths])
 
 
+def assert_race_free_and_bit_equal(sched, other, weights, inp, order, seed):
+    """``sched`` is race-free and computes exactly what ``other`` (the same tasks placed otherwise) computes."""
+    simulate.check_races(sched, order=order, seed=seed)
+    got = simulate.decode_step(sched, weights, clone_inputs(inp), order=order, seed=seed)
+    want = simulate.decode_step(other, weights, clone_inputs(inp), order=order, seed=seed)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("batch, splits, order, claims", [(1, 1, "round_robin", True), (4, 3, "random", True),
                                                           (4, 3, "random", False), (5, 2, "reverse", True),
                                                           (19, 2, "random", True)])
@@ -717,11 +725,8 @@ def test_dealing_by_layer_puts_every_layers_routing_on_the_same_sms(dims, weight
 
     assert len(routing_places(by_layer)) == 1 < len(routing_places(plain))
     assert all(lst == sorted(lst) for lst in by_layer.sm_tasks)
-    simulate.check_races(by_layer, order=order, seed=batch)
     simulate.check_races(plain, order=order, seed=batch)
-    got = simulate.decode_step(by_layer, weights, clone_inputs(inp), order=order, seed=batch)
-    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert_race_free_and_bit_equal(by_layer, plain, weights, inp, order, batch)
     with pytest.raises(ValueError, match="deal="):
         StepShape(**shape, deal="random")
 
@@ -807,10 +812,7 @@ def test_o_projection_dealt_among_the_down_places_runs_the_same_step(dims, weigh
         assert after > 0 or (down1 - down0) - ahead < within.shape.num_sms
         assert all(lst.index(i) > lst.index(c) for lst in within.sm_tasks for i in lst if o0 <= i < o1
                    for c in lst if within.tasks[c].layer == layer and within.tasks[c].wave == "attn_combine")
-    simulate.check_races(within, order=order, seed=batch)
-    got = simulate.decode_step(within, weights, clone_inputs(inp), order=order, seed=batch)
-    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert_race_free_and_bit_equal(within, plain, weights, inp, order, batch)
 
 
 def test_from_batch_16_the_default_runs_a_norm_wave_and_deals_the_o_projection_among_the_down_places():
@@ -933,10 +935,7 @@ def test_descending_split_order_deals_each_requests_last_split_first_and_compute
         return sorted((t.op, t.layer, tuple(sorted(t.fields.items()))) for t in s.tasks)
 
     assert task_set(down) == task_set(up)
-    simulate.check_races(down, order=order, seed=batch)
-    got = simulate.decode_step(down, weights, clone_inputs(inp), order=order, seed=batch)
-    want = simulate.decode_step(up, weights, clone_inputs(inp), order=order, seed=batch)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert_race_free_and_bit_equal(down, up, weights, inp, order, batch)
     with pytest.raises(ValueError, match="split_order"):
         StepShape(**shape, split_order="sideways")
 
@@ -983,9 +982,6 @@ def test_combines_placed_on_empty_splits_sit_on_the_highest_splits_sms_and_compu
         assert rest == [(t.index, t.sm) for t in plain.tasks if t.layer == layer and t.op != Op.ATTN_COMBINE]
     assert any(a.sm != b.sm for a, b in zip(placed.tasks, plain.tasks))
     assert all(lst == sorted(lst) for lst in placed.sm_tasks)
-    simulate.check_races(placed, order=order, seed=batch)
-    got = simulate.decode_step(placed, weights, clone_inputs(inp), order=order, seed=batch)
-    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert_race_free_and_bit_equal(placed, plain, weights, inp, order, batch)
     with pytest.raises(ValueError, match="combine_place"):
         StepShape(**shape, combine_place="anywhere")

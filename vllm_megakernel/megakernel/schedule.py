@@ -114,8 +114,8 @@ class StepShape:
     (the other waves are dealt over the remaining SMs, and the default attention split counts only those),
     so the routing's SMs keep only its code and start each layer idle; a schedule choice for batch 1's
     routing chain, which was on the layer's critical path in session P's signal-delay probes (PERF_LOG #90).
-    ``attn_live_tasks`` (-1: layout.attn_live_tasks_for the batch; 0: off) caps the live attention tasks of a step: a
-    request's keys go to at most attn_live_tasks // batch of its splits as long as a split stays within
+    ``attn_live_tasks`` (-1: layout.attn_live_tasks_for the batch; 0: off) caps the live attention tasks of a
+    step: a request's keys go to at most attn_live_tasks // batch of its splits as long as a split stays within
     ``attn_max_tiles`` tiles (layout.attn_split_tiles), so a short history occupies fewer SMs while a long
     one still spreads over every split; ``split_order`` ("ascending" or "descending"; None: descending where
     the cap is on) is the order each request's splits are dealt in (_attn_partial_wave). ``combine_place``:
@@ -607,14 +607,17 @@ def _placed(b: _Builder, dims: ModelDims, shape: StepShape, tiles: layout.GemmTi
     reserved = shape.routing_sms  # SMs 0 .. reserved - 1: a MoE layer's routing and nothing else of it
     cursor, routing_cursor, layer = 0, 0, None
     split_sms: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # layer -> (-split, request, SM)
+    combine_sms: dict[int, list[int]] = {}  # layer -> its split SMs, highest split first (combine_place)
     combines: dict[int, int] = defaultdict(int)  # layer -> its ATTN_COMBINE tasks placed so far
     for t in _deal_order(b.tasks, shape):  # round-robin in dealing order
         if shape.deal == "by_layer" and t.layer != layer:
             cursor, routing_cursor, layer = 0, 0, t.layer
         if shape.combine_place == "empty_splits" and t.op == Op.ATTN_COMBINE and split_sms[t.layer]:
             # after every split of its layer in step order, so any SM's list stays in step order
-            places = sorted(split_sms[t.layer])  # highest split first: the ones a short history leaves empty
-            t.sm = places[combines[t.layer] % len(places)][2]
+            if t.layer not in combine_sms:  # highest split first: the ones a short history leaves empty
+                combine_sms[t.layer] = [sm for *_, sm in sorted(split_sms[t.layer])]
+            places = combine_sms[t.layer]
+            t.sm = places[combines[t.layer] % len(places)]
             combines[t.layer] += 1
             cursor += 1  # the other waves keep the SMs the round-robin gives them: only the combines move
         elif reserved and t.layer < dims.num_layers and not dims.dense[t.layer]:  # not the final norm
