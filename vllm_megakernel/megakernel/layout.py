@@ -268,6 +268,15 @@ def attn_live_tasks_for(batch: int) -> int:
     return ATTN_LIVE_TASKS if batch <= ATTN_LIVE_UP_TO_BATCH else 0
 
 
+def combine_place_for(batch: int) -> str:
+    """Where a layer's ATTN_COMBINE tasks go (schedule.StepShape's ``combine_place``). At batch 2 the cap's
+    round-robin deal puts the combines on SMs that hold request 1's live splits, so they start behind those
+    partials; on the SMs of the highest (at 8K empty) splits the step measured -3.0% at batch 2 (the kernel
+    alone, one process, outputs bit-equal), -0.05% at batch 1 and +0.7% at batch 4
+    (benchmarks/results/h200-2026-12-03-v2-session-u, call 1), so only batch 2 takes it."""
+    return "empty_splits" if batch == 2 else "round_robin"
+
+
 def attn_live_splits_for(batch: int, live_tasks: int) -> int:
     """Live splits per request under a cap of ``live_tasks`` live attention tasks a step (0: no cap)."""
     return max(1, live_tasks // batch) if live_tasks else 0
@@ -341,7 +350,7 @@ def model_mismatches(dims, moe_intermediate: int, dense_intermediate: int) -> li
 
 __all__ = [
     "ATTN_TILE", "GemmTiles", "attn_live_splits_for", "attn_live_tasks_for", "attn_split_tiles", "attn_splits_for",
-    "combine_heads_for", "compiled_stage_rows",
+    "combine_heads_for", "combine_place_for", "compiled_stage_rows",
     "fold_norm", "gemm_tiles", "model_mismatches", "moe_slots", "padded_rows", "route_offsets", "rows_per_stage",
     "visible_range", "workspace_spec",
 ]

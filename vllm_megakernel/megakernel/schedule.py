@@ -121,7 +121,7 @@ class StepShape:
     the cap is on) is the order each request's splits are dealt in (_attn_partial_wave). ``combine_place``:
     the ATTN_COMBINE tasks dealt round-robin with the rest ("round_robin"), or ("empty_splits") onto the SMs
     of the layer's highest-numbered splits, which a short history leaves empty (the other waves keep their
-    round-robin SMs)."""
+    round-robin SMs); None: layout.combine_place_for the batch."""
 
     batch: int
     num_sms: int
@@ -142,7 +142,7 @@ class StepShape:
     o_batch_split: int = 0
     routing_sms: int = 0
     split_order: str | None = None
-    combine_place: str = "round_robin"
+    combine_place: str | None = None
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -180,6 +180,8 @@ class StepShape:
             object.__setattr__(self, "split_order", "descending" if self.attn_live_tasks else "ascending")
         if self.split_order not in SPLIT_ORDERS:
             raise ValueError(f"split_order={self.split_order!r}: one of {SPLIT_ORDERS}")
+        if self.combine_place is None:
+            object.__setattr__(self, "combine_place", layout.combine_place_for(self.batch))
         if self.combine_place not in COMBINE_PLACES:
             raise ValueError(f"combine_place={self.combine_place!r}: one of {COMBINE_PLACES}")
         if self.attn_live_tasks < 0 or self.attn_max_tiles < 1:
