@@ -1,5 +1,6 @@
-"""With the switch off (and while it falls back), the plugin IS stock vLLM: same greedy tokens as vLLM
-without the plugin, on the same realistic random weights, through vllm.LLM on the GPU."""
+"""With the switch off the plugin IS stock vLLM: same greedy tokens as vLLM without the plugin, on the same
+realistic random weights, through vllm.LLM on the GPU. With the key left out (automatic mode) the plugin takes
+the megakernel where options.AUTOMATIC_DEFAULT says so, and is stock vLLM otherwise."""
 
 import json
 import os
@@ -8,7 +9,9 @@ import sys
 
 import pytest
 
+from benchmarks.agreement import summarize
 from conftest import REPO
+from vllm_megakernel.options import AUTOMATIC_DEFAULT
 
 pytestmark = pytest.mark.gpu
 
@@ -28,10 +31,11 @@ def greedy(model_dir, additional_config, plugins_on=True, *args):
     return result
 
 
-def test_switch_off_and_fallback_give_stock_vllm_greedy_tokens(shallow_checkpoint):
-    stock = greedy(shallow_checkpoint, {}, plugins_on=False)
-    off = greedy(shallow_checkpoint, {"megakernel": {"enabled": False}})
-    auto = greedy(shallow_checkpoint, {})
+def test_switch_off_gives_stock_vllm_greedy_tokens_and_automatic_mode_takes_the_default_path(shallow_checkpoint):
+    logprobs = ("--logprobs", "20")  # for the near-tie check of the automatic side when it runs the megakernel
+    stock = greedy(shallow_checkpoint, {}, False, *logprobs)
+    off = greedy(shallow_checkpoint, {"megakernel": {"enabled": False}}, True, *logprobs)
+    auto = greedy(shallow_checkpoint, {}, True, *logprobs)
     assert stock["model_class"] == "vllm.model_executor.models.cohere2_moe:Cohere2MoeForCausalLM"
     ours = "vllm_megakernel.models.cohere2_moe:MegakernelCohere2MoeForCausalLM"
     assert off["model_class"] == ours and auto["model_class"] == ours
@@ -40,4 +44,15 @@ def test_switch_off_and_fallback_give_stock_vllm_greedy_tokens(shallow_checkpoin
     # realistic weights: the generations are not degenerate (a constant token would prove little)
     assert all(len(set(t)) > 4 for t in stock["tokens"])
     assert off["tokens"] == stock["tokens"]
-    assert auto["tokens"] == stock["tokens"]
+    if not AUTOMATIC_DEFAULT:  # opt-in: leaving the key out is stock vLLM, token for token
+        assert "vllm_megakernel: decode runs on stock vLLM" in auto["log"]
+        assert auto["tokens"] == stock["tokens"]
+        return
+    # automatic mode on: the megakernel decodes, so the greedy streams part at the first near-tie of two
+    # correct bf16 paths (as in test_vllm_megakernel_e2e's greedy test): the steps before it agree
+    assert "vllm_megakernel: decode runs on the megakernel" in auto["log"]
+    assert "MegakernelStallError" not in auto["log"]
+    agreement = summarize(stock, auto)
+    assert min(agreement["first_divergence"]) >= 1  # the first token comes from vLLM's own prefill on both
+    assert all(c >= 0.999 for c in agreement["mean_cosine"])
+    assert all(len(set(t)) > 4 for t in auto["tokens"])
