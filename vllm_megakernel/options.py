@@ -4,10 +4,10 @@ Accepted keys:
 
 - ``enabled``: ``true`` asks for the megakernel, ``false`` is stock vLLM. Left out (automatic mode, on since
   :data:`AUTOMATIC_DEFAULT` is true), the megakernel runs wherever it can (extension built, Hopper GPU,
-  supported setup) and stock vLLM runs elsewhere. The kernel is sanitizer-clean
-  (benchmarks/results/h200-2026-12-02-v2-sanitizer-interleaved) and vLLM's own GPU tests (stepwise against
-  stock, greedy decoding through both CUDA-graph modes, stock equivalence, the server) passed on it
-  (benchmarks/results/h200-2026-12-02-v2-vllm-tests-two-speeds).
+  supported setup) and stock vLLM runs elsewhere. The current kernel is sanitizer-clean and vLLM's own GPU
+  tests (greedy decoding through both CUDA-graph modes, stock equivalence, the server: session U; stepwise
+  against stock: session T) passed on it (benchmarks/results/h200-2026-12-03-v2-session-u and
+  benchmarks/results/h200-2026-12-03-v2-session-t).
 - ``strict``: ``true`` turns every fallback to stock into an error.
 - ``max_batch``: the largest decode batch the megakernel takes (1 to the kernel's 64); larger decode
   batches run vLLM's stock forward, captured in the same CUDA graphs (each graph holds the path its batch
@@ -47,8 +47,10 @@ CONFIG_KEY = "megakernel"
 # cache hint on the weight and K/V copies changes no result (bit-equal outputs at batch 1, 8 and 64, the kernel
 # tests pass; benchmarks/results/h200-2026-12-03-v2-l2-hints). On that kernel with session T's live attention split
 # cap (a schedule choice at batch 1-8) the kernel tests and test_vllm_megakernel_e2e.py's stepwise cases passed
-# (benchmarks/results/h200-2026-12-03-v2-session-t); its greedy cases, test_stock_equivalence.py, test_serve.py
-# and the sanitizers have not run on it. A kernel change
+# (benchmarks/results/h200-2026-12-03-v2-session-t), and in session U every sanitizer case (memcheck, racecheck,
+# synccheck), the greedy cases through both graph modes, test_stock_equivalence.py and test_serve.py
+# (benchmarks/results/h200-2026-12-03-v2-session-u; the vLLM tests with batch 2's combines on the empty splits,
+# a placement that gives bit-equal outputs). A kernel change
 # that has not been through those tests again may set it back to False: then ``enabled: true`` opts in,
 # everything else is stock vLLM, and the log line says how to opt in (OPT_IN_REASON).
 AUTOMATIC_DEFAULT = True
