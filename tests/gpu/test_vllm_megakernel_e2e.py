@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from test_stock_equivalence import greedy
+from test_stock_equivalence import assert_megakernel_agrees_with_stock_until_a_near_tie, greedy
 
-from benchmarks.agreement import summarize
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent
@@ -77,13 +76,5 @@ def test_256_greedy_tokens_through_cuda_graphs_agree_with_stock_until_a_near_tie
     args = ("--max-tokens", "256", "--logprobs", "20", "--compilation", compilation)
     stock = greedy(shallow_checkpoint, {}, False, *args)
     mk = greedy(shallow_checkpoint, {"megakernel": {"enabled": True, "strict": True}}, True, *args)
-    assert "vllm_megakernel: decode runs on the megakernel" in mk["log"]
-    assert "MegakernelStallError" not in mk["log"]
-    agreement = summarize(stock, mk)
-    print(f"{compilation}: first divergence per prompt (of {len(stock['tokens'][0])} tokens): "
-          f"{agreement['first_divergence']}; top-20 logprob cosine before it: mean {agreement['mean_cosine']}, "
-          f"min {agreement['min_cosine']}")
+    assert_megakernel_agrees_with_stock_until_a_near_tie(stock, mk, compilation)
     assert all(len(t) == 256 for t in mk["tokens"])
-    assert min(agreement["first_divergence"]) >= 1  # the first token comes from vLLM's own prefill on both
-    assert all(c >= 0.999 for c in agreement["mean_cosine"])
-    assert all(len(set(t)) > 4 for t in mk["tokens"])  # not a constant or NaN-argmax stream
