@@ -18,11 +18,8 @@ run() {  # NAME BATCH LIMIT VARIANT=SCHEDULE...
     --rounds 8 --iters 30 "${args[@]}" --out $res/$name > $res/$name.log 2>&1
   echo "$name rc=$? ($(( $(date +%s) - start )) s)"; cat $res/$name/table.md 2>/dev/null || tail -5 $res/$name.log
 }
-ce=combine_place=empty_splits
-run b1 1 100 up24=moe_up_cols=24 up16=moe_up_cols=16 d64=moe_down_rows=64 cap48=attn_live_tasks=48 \
-  cap96=attn_live_tasks=96 ce=$ce
-run b2 2 100 cap32=attn_live_tasks=32 t32=attn_max_tiles=32 cap32t32=attn_live_tasks=32,attn_max_tiles=32 ce=$ce \
-  s32=attn_splits=32
-run b4 4 100 t32=attn_max_tiles=32 cap32=attn_live_tasks=32 ce=$ce s16=attn_splits=16
-run b8 8 120 ce=$ce
+# Session U ran the rest of this call (benchmarks/results/h200-2026-12-03-v2-session-u, call 1); left: these three.
+run b1 1 60 cap96=attn_live_tasks=96
+run b4 4 60 t32=attn_max_tiles=32
+run b8 8 120 ce=combine_place=empty_splits
 cd $OUT && tar czf r.tgz r && rm -rf r
