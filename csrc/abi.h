@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 13;
+constexpr int kAbiVersion = 14;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -158,32 +158,33 @@ constexpr int S_EPS_F64 = 9;
 constexpr int S_ROPE_THETA_F64 = 10;
 constexpr int S_TIMEOUT_NS = 11;
 constexpr int S_UNIFORM_ROUTING = 12;
-constexpr int S_ROUTE_EXPERT_OFF = 13;
-constexpr int S_ROUTE_COUNT_OFF = 14;
-constexpr int S_ROUTE_ROWS_OFF = 15;
-constexpr int S_EMBED = 16;
-constexpr int S_FINAL_NORM = 17;
-constexpr int S_INPUT_IDS = 18;
-constexpr int S_POSITIONS = 19;
-constexpr int S_SEQ_LENS = 20;
-constexpr int S_X = 21;
-constexpr int S_HN = 22;
-constexpr int S_Q = 23;
-constexpr int S_OPART = 24;
-constexpr int S_LSE = 25;
-constexpr int S_ATTN = 26;
-constexpr int S_O = 27;
-constexpr int S_MLP = 28;
-constexpr int S_OUT = 29;
-constexpr int S_SCORES = 30;
-constexpr int S_TOPK_W = 31;
-constexpr int S_ROUTE = 32;
-constexpr int S_DACT = 33;
-constexpr int S_ACT = 34;
-constexpr int S_EOUT = 35;
-constexpr int S_ROUTE_LOG = 36;
-constexpr int S_TRACE = 37;
-constexpr int kStepWords = 38;
+constexpr int S_LOCAL_ROUTING = 13;
+constexpr int S_ROUTE_EXPERT_OFF = 14;
+constexpr int S_ROUTE_COUNT_OFF = 15;
+constexpr int S_ROUTE_ROWS_OFF = 16;
+constexpr int S_EMBED = 17;
+constexpr int S_FINAL_NORM = 18;
+constexpr int S_INPUT_IDS = 19;
+constexpr int S_POSITIONS = 20;
+constexpr int S_SEQ_LENS = 21;
+constexpr int S_X = 22;
+constexpr int S_HN = 23;
+constexpr int S_Q = 24;
+constexpr int S_OPART = 25;
+constexpr int S_LSE = 26;
+constexpr int S_ATTN = 27;
+constexpr int S_O = 28;
+constexpr int S_MLP = 29;
+constexpr int S_OUT = 30;
+constexpr int S_SCORES = 31;
+constexpr int S_TOPK_W = 32;
+constexpr int S_ROUTE = 33;
+constexpr int S_DACT = 34;
+constexpr int S_ACT = 35;
+constexpr int S_EOUT = 36;
+constexpr int S_ROUTE_LOG = 37;
+constexpr int S_TRACE = 38;
+constexpr int kStepWords = 39;
 
 // Layer table words (int64).
 constexpr int L_DENSE = 0;
@@ -249,6 +250,7 @@ constexpr int kRegisterBatch = 16;
 constexpr int kAttnTileTokens = 16;
 constexpr int kMaxBatch = 64;
 constexpr int kMaxAttnSplits = 128;
+constexpr int kLocalRoutingMaxBatch = 8;
 
 // Weight rows per pipeline stage of each GEMM (layout.rows_per_stage of its row length).
 constexpr int kQkvStageRows = 8;

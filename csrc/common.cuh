@@ -79,6 +79,11 @@ struct Step {
     return ptr<bf16>(abi::S_MLP) + (long long)(layer & 1) * batch() * abi::kHidden;
   }
 
+  // The router's scores of one layer, [batch][kNumExperts] (layout.workspace_spec keeps every layer's).
+  __device__ float* scores(int layer) const {
+    return ptr<float>(abi::S_SCORES) + (long long)layer * batch() * abi::kNumExperts;
+  }
+
   // Route buffer (layout.route_offsets): num_active, slot_expert[slots], slot_count[slots], slot_rows[slots][B].
   __device__ int* route() const { return ptr<int>(abi::S_ROUTE); }
   __device__ int* slot_expert() const { return route() + w[abi::S_ROUTE_EXPERT_OFF]; }

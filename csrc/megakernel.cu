@@ -59,6 +59,7 @@ constexpr int kKnownBarriers = 16384;
 struct SharedStorage {
   PipelineStorage pipe;
   OpShared op;
+  LocalRoute local_route;  // the producer warp's alone (local routing, ops/router.cuh)
   long long step[abi::kStepWords];
   uint32_t complete[kKnownBarriers / 32];  // the consumer leader's alone
   int consumer_abort;  // written by the consumer leader before a consumer_sync, read by consumers after it
@@ -153,7 +154,7 @@ __device__ __forceinline__ void produce(SharedStorage& S, Producer& p, int& i, c
     // for the layer's routing, which the task's loads need anyway.
     if (abi::routed_descriptor(op)) {
       const Layer ly{layer_table + (long long)__shfl_sync(0xffffffffu, word, abi::F_LAYER) * abi::kLayerWords};
-      const Routed r = complete_routed_descriptor(p, pipe.desc[slot], ly, op, word, seen);
+      const Routed r = complete_routed_descriptor(p, S.local_route, pipe.desc[slot], ly, op, word, seen);
       if (r == Routed::kAbort) return;
       if (r == Routed::kDead) continue;  // ring position i stays free for the next place
     }

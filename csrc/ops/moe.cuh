@@ -19,6 +19,7 @@
 #pragma once
 
 #include "gemm.cuh"
+#include "topk.cuh"
 
 namespace vllm_megakernel {
 
@@ -108,8 +109,8 @@ __device__ __forceinline__ int first_unskipped(const int* my_tasks, int from, in
 // slot's route words in one round trip (every load issued before the first is used). A wait of the
 // consumers' on the routing is then dropped from the descriptor. kDead: the slot is past the routed count,
 // and the producer skips the task (abi.py's routed descriptors); kAbort: the step is being aborted.
-__device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, int* desc, const Layer& ly, int op,
-                                                             int& word, RoutingSeen& seen) {
+__device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, LocalRoute& lr, int* desc, const Layer& ly,
+                                                             int op, int& word, RoutingSeen& seen) {
   const int lane = Role::lane();
   const int counter = __shfl_sync(0xffffffffu, word, abi::F_ROUTED_CLAIM);  // kNoBarrier: not claiming
   const int layer = __shfl_sync(0xffffffffu, word, abi::F_LAYER);
@@ -123,6 +124,13 @@ __device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, int* d
   }
   n = __shfl_sync(0xffffffffu, n, 0);
   if (n < 0) return Routed::kAbort;
+  // Local routing: the load_wait above was the router wave's; the warp chooses the layer's experts itself.
+  const bool local = p.st.i(abi::S_LOCAL_ROUTING) != 0;
+  int local_active = 0;
+  if (local && !known) {
+    __syncwarp();  // orders lane 0's acquire of the router barrier before the other lanes' reads of the scores
+    local_active = route_locally(p.st, layer, lr, lane);
+  }
   if (counter != abi::kNoBarrier) word = claimed_word(op, word, n);
   __syncwarp();  // lane 0's reads of the words above (load_wait) before the other lanes rewrite theirs: the
                  // shuffle that waited for lane 0 orders no memory (racecheck's warp-level WAR warnings)
@@ -135,9 +143,10 @@ __device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, int* d
       // This layer's own count: a producer can reach a dead slot's place after the layer finished without
       // it and the next layer's top-k rewrote the rest of the route buffer; a live slot's words cannot
       // change before its tasks ran (the layer waits on them).
-      if (!known) active = p.st.layer_active()[layer];
-      const int expert = p.st.slot_expert()[slot], count = p.st.slot_count()[slot];
-      const int* rows = p.st.slot_rows(slot);
+      if (!known) active = local ? local_active : p.st.layer_active()[layer];
+      const int expert = local ? lr.slot_expert[slot] : p.st.slot_expert()[slot];
+      const int count = local ? lr.slot_count[slot] : p.st.slot_count()[slot];
+      const int* rows = local ? lr.rows + slot * B : p.st.slot_rows(slot);
       int pair[abi::kRoutedPairWords];
 #pragma unroll
       for (int j = 0; j < abi::kRoutedPairWords; ++j) pair[j] = j < B ? rows[j] : 0;

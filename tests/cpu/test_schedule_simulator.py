@@ -993,3 +993,59 @@ def test_only_batch_2_places_its_combines_on_empty_splits_by_default():
     assert [StepShape(batch=b, num_sms=132).combine_place for b in (1, 2, 3, 4, 8, 64)] == \
         ["round_robin", "empty_splits", "round_robin", "round_robin", "round_robin", "round_robin"]
     assert StepShape(batch=2, num_sms=132, combine_place="round_robin").combine_place == "round_robin"
+
+
+@pytest.mark.parametrize("batch, order, uniform", [(1, "random", False), (3, "reverse", False), (4, "random", True),
+                                                   (8, "random", False)])
+def test_local_routing_waits_on_the_router_wave_and_computes_the_same_step(dims, weights, batch, order, uniform):
+    """StepShape.local_routing: every expert task's producer waits on its layer's router wave (not the
+    top-k) and reads the layer's scores, the MoE combine waits on the top-k for its weights, and nothing
+    else changes: the step is deadlock- and race-free, runs exactly the live slots' tiles (a padding row
+    leaves slots dead), and is bit-equal to the top-k's work list's step, routed or with uniform routing."""
+    lengths = [40, 9, 3, 17, 1, 30, 12][: max(batch - 1, 1)]
+    inp = step_inputs(dims, lengths + [0] * (batch - len(lengths)), seed=batch)  # a padding row from batch 2
+    shape = dict(batch=batch, num_sms=7, attn_splits=3, attn_min_tiles=1)
+    plain = build_schedule(dims, StepShape(**shape, local_routing=False), *weights.intermediates())
+    local = build_schedule(dims, StepShape(**shape, local_routing=True), *weights.intermediates())
+    for layer in range(dims.num_layers):
+        if dims.dense[layer]:
+            continue
+        names = {b: local.barriers[b].name for b in range(len(local.barriers))}
+        experts = [t for t in local.tasks if t.layer == layer and t.op in (Op.MOE_UPGATE, Op.MOE_DOWN)]
+        assert {names[t.load_wait] for t in experts} == {f"L{layer}.router"}
+        assert all(names[w] != f"L{layer}.route" for t in experts for w in t.waits)
+        assert all(("scores", layer) in t.reads and ("route",) not in t.reads for t in experts)
+        combines = [t for t in local.tasks if t.layer == layer and t.op == Op.MOE_COMBINE]
+        assert combines and all(f"L{layer}.route" in {names[w] for w in t.waits} for t in combines)
+    assert [t.op for t in local.tasks] == [t.op for t in plain.tasks]
+    simulate.run(local, order=order, seed=batch)
+    simulate.check_races(local, order=order, seed=batch)
+    numerics = simulate.Numerics(local, weights, clone_inputs(inp), uniform_routing=uniform)
+    with torch.no_grad():
+        ran = simulate.run(local, numerics, order=order, seed=batch, live_slots=numerics.live_slots)
+    live = {layer: numerics.layer_active[layer] for layer in numerics.layer_active}
+    expert = [local.tasks[i] for i in ran if local.tasks[i].op in (Op.MOE_UPGATE, Op.MOE_DOWN)]
+    assert expert and all(t.fields["slot"] < live[t.layer] for t in expert)
+    if batch > 1:
+        assert any(n < moe_slots(dims, batch) for n in live.values())  # some slots dead, skipped
+    got = simulate.decode_step(local, weights, clone_inputs(inp), order=order, seed=batch, uniform_routing=uniform)
+    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch, uniform_routing=uniform)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    expected = ref.decode_step(dims, weights, clone_inputs(inp), uniform_routing=uniform)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_local_routing_keeps_every_layers_scores_and_is_refused_where_the_kernel_has_no_form(dims):
+    """A producer can reach a layer's expert place after the layer finished (a dead tile) and must still read
+    that layer's scores: the workspace keeps them per layer. The producer's routing scratch holds
+    LOCAL_ROUTING_MAX_BATCH rows, and the MoE combine's wait on the top-k needs a MoE combine wave."""
+    spec = layout.workspace_spec(dims, 3, 2, TINY_I, TINY_DENSE_I)
+    assert spec["scores"][0] == (dims.num_layers, 3, dims.num_experts)
+    n = layout.LOCAL_ROUTING_MAX_BATCH
+    assert StepShape(batch=n, num_sms=7, local_routing=True).local_routing
+    with pytest.raises(ValueError, match="local_routing"):
+        StepShape(batch=n + 1, num_sms=7, local_routing=True)
+    with pytest.raises(ValueError, match="local_routing"):
+        StepShape(batch=2, num_sms=7, local_routing=True, norm="wave", combine_in_norm=True)
+    assert [StepShape(batch=b, num_sms=132).local_routing for b in (1, 2, 8, 64)] == \
+        [layout.local_routing_for(b) for b in (1, 2, 8, 64)]

@@ -40,13 +40,13 @@ CASES = [
 
 
 def outputs(dims, batch, layer, wave):
-    """Workspace buffers a wave writes (besides the KV cache of the qkv wave) as (name, layer parity or None
-    for buffers that are not per-parity)."""
+    """Workspace buffers a wave writes (besides the KV cache of the qkv wave) as (name, the index of the
+    layer's part: its parity for x, o and mlp, the layer for scores; None for buffers of one part)."""
     from vllm_megakernel.megakernel import layout
 
     p, fold = layer % 2, layout.fold_norm(batch)
     dense = layer < dims.num_layers and dims.dense[layer]
-    return {"norm": (("x", p), ("hn", None)), "router": (("scores", None),) + ((("hn", None),) if fold else ()),
+    return {"norm": (("x", p), ("hn", None)), "router": (("scores", layer),) + ((("hn", None),) if fold else ()),
             "qkv": (("q", None),) + ((("x", p),) if fold else ()), "router_topk": (("topk_w", None),),
             "attn_partial": (("opart", None), ("lse", None)), "attn_combine": (("attn", None),),
             "o_proj": (("o", p),), "mlp_up": (("dact" if dense else "act", None),),
@@ -149,7 +149,7 @@ def test_wave_matches_its_torch_version_on_the_kernels_inputs(setups, batch, lay
         if name in ("act", "eout"):  # rows are (token, k) pairs
             rows = (live_rows[:, None] * K + torch.arange(K)).flatten()
         got, exp = getattr(kernel_side, name).cpu(), getattr(torch_side, name).cpu()
-        if parity is not None:  # x, o, mlp: the layer's half of the two-layer buffer
+        if parity is not None:  # x, o, mlp: the layer's half of the two-layer buffer; scores: the layer's
             got, exp = got[parity], exp[parity]
         assert_matches(f"{ops} {name}", got, exp, rows)
     if wave == "qkv":  # the new K/V: same slots, same values, nothing else touched

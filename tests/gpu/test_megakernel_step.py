@@ -39,7 +39,7 @@ def compare(got, expected, live):
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
              bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=None,
-             qkv_batch_split=0, o_batch_split=0):
+             qkv_batch_split=0, o_batch_split=0, local_routing=None):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN.
     ``combine_in_norm`` None and ``qkv_batch_split`` / ``o_batch_split`` 0 take the layout's choice for the batch (StepShape's)."""
@@ -62,7 +62,8 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=num_sms, attn_splits=splits, attn_min_tiles=min_tiles,
                                            expert_claims=expert_claims, deal=deal, o_within_down=o_within_down,
                                            tiles=tiles, combine_in_norm=combine_in_norm,
-                                           qkv_batch_split=qkv_batch_split, o_batch_split=o_batch_split),
+                                           qkv_batch_split=qkv_batch_split, o_batch_split=o_batch_split,
+                                           local_routing=local_routing),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -205,12 +206,28 @@ def test_expert_tasks_where_they_were_dealt_match_reference(wide):
     print(f"batch 8, tiles as dealt: min cosine {cos:.6f}, max rel err {err:.4f}")
 
 
+@pytest.mark.parametrize("batch, lengths", [(1, [8192]), (3, [5000, 1]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])
+def test_local_routing_matches_the_reference_and_the_top_ks_work_list_bit_for_bit(wide, batch, lengths):
+    """StepShape.local_routing: every expert task's producer chooses its layer's experts itself from the
+    router's scores (csrc/ops/topk.cuh's LocalRoute) instead of reading the top-k task's work list. The step
+    (a padding row at batch 3 and 8) matches the reference replaying the top-k's logged choice, and its output
+    is bit-equal to the same step with the top-k's work list: the producers chose the same experts into the
+    same slots."""
+    dims, w = wide
+    (cos, err), local = one_step(dims, w, lengths, batch, 0, local_routing=True)
+    _, plain = one_step(dims, w, lengths, batch, 0, local_routing=False)
+    assert torch.equal(local.view("out"), plain.view("out"))
+    print(f"batch {batch}, local routing: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal to the top-k's")
+
+
+@pytest.mark.parametrize("local_routing", [False, True])
 @pytest.mark.parametrize("batch, lengths", [(1, [700]), (8, [8192, 17, 4097, 2000, 1, 6000, 12]),
                                            (4, [500, 500, 500, 500])])
-def test_uniform_routing_draws_the_references_experts_with_weight_one(wide, batch, lengths):
+def test_uniform_routing_draws_the_references_experts_with_weight_one(wide, batch, lengths, local_routing):
     """The step table's uniform_routing (vLLM's uniform_random routing simulation): every live row's experts
     are reference.uniform_experts of its position and row, on every MoE layer, and the step matches the
-    reference step that routes the same way. Rows at one position (a sweep's equal prompts) draw apart."""
+    reference step that routes the same way. Rows at one position (a sweep's equal prompts) draw apart. With
+    local routing the expert tasks' producers draw the same experts themselves."""
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
@@ -224,7 +241,7 @@ def test_uniform_routing_draws_the_references_experts_with_weight_one(wide, batc
     toks = [int(torch.randint(0, dims.vocab, (1,), generator=gen)) for _ in lengths]
     inp = sim.step(toks + [None] * (batch - len(lengths)))
     mk_inp = dataclasses.replace(inp, kv_caches=[c.clone() for c in inp.kv_caches])
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132), *w.intermediates())
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132, local_routing=local_routing), *w.intermediates())
     step = runtime.build_step(sched, w, mk_inp, route_log=True, uniform_routing=True)
     got = runtime.run_step(step).clone()
     chosen = runtime.routing_log(step.workspace, dims, batch)

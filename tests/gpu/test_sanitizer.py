@@ -18,10 +18,14 @@ pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent
 
 
-# Each batch row's history (0: a padding row) and the attention splits per request (0: the batch's default).
-# The ragged case is issue #11's: lengths around a KV block (16) and the sliding window (4096), 32K and 128K in
-# one batch with a padding row; its splits are the default's so that no task walks 128K alone.
-CASES = {"4500-7-pad": ("4500,7,0", 4), "ragged-to-128k-pad": ("1,15,16,17,4095,4096,4097,32768,131072,0", 0)}
+# Each batch row's history (0: a padding row), the attention splits per request (0: the batch's default) and
+# further sanitize_step.py arguments. The ragged case is issue #11's: lengths around a KV block (16) and the
+# sliding window (4096), 32K and 128K in one batch with a padding row; its splits are the default's so that no
+# task walks 128K alone. The local-routing case runs the expert tasks' producers' own top-k (its cp.async copies
+# of the scores and its shared-memory work list) on the first case's batch.
+CASES = {"4500-7-pad": ("4500,7,0", 4, []),
+         "ragged-to-128k-pad": ("1,15,16,17,4095,4096,4097,32768,131072,0", 0, []),
+         "4500-7-pad-local-routing": ("4500,7,0", 4, ["--local-routing"])}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -31,10 +35,10 @@ def test_one_step_is_sanitizer_clean(shallow_checkpoint, tool, case):
                  or "/usr/local/cuda/bin/compute-sanitizer")
     if not Path(sanitizer).exists():
         pytest.skip("compute-sanitizer is not installed on this host")
-    lengths, splits = CASES[case]
+    lengths, splits, extra = CASES[case]
     proc = subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "3", sys.executable,
                            str(HERE / "sanitize_step.py"), str(shallow_checkpoint), "--lengths", lengths,
-                           "--splits", str(splits)],
+                           "--splits", str(splits), *extra],
                           capture_output=True, text=True, timeout=1200)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail

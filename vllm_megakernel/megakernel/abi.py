@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -141,6 +141,10 @@ STEP_FIELDS = (
     # 1: experts are drawn uniformly at random instead of by the router, with weight 1 (vLLM's
     # VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random, for benchmarks); reference.uniform_experts
     "uniform_routing",
+    # 1: every expert task's producer chooses the layer's experts itself from the router's scores (the same
+    # top-k as ROUTER_TOPK, on one warp) instead of waiting for the top-k's work list (schedule.StepShape's
+    # local_routing; batches up to KERNEL["local_routing_max_batch"])
+    "local_routing",
     # route buffer offsets (int32 words): num_active at 0, then layout.route_offsets
     "route_expert_off", "route_count_off", "route_rows_off",
     # model-wide weights
@@ -204,6 +208,8 @@ KERNEL = {
     "attn_tile_tokens": 16,  # tokens per attention stage (one K/V tile of every KV head)
     "max_batch": 64,  # the most rows a step may have (the top-k's shared scratch is sized for it)
     "max_attn_splits": 128,  # the most splits per request (the combine's shared scratch is sized for it)
+    # the most rows a step with local routing may have (the producer's routing scratch is sized for it)
+    "local_routing_max_batch": 8,
 }
 
 for _op in Op:

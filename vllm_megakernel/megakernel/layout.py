@@ -27,6 +27,7 @@ ATTN_LIVE_TASKS = 64  # attn_live_tasks_for: the cap on a step's live attention 
 ATTN_LIVE_UP_TO_BATCH = 8  # ... at batch 1 to this (measured there; off above)
 DEFAULT_ATTN_MAX_TILES = 16  # ... as long as a split stays within this many tiles (256 tokens, 512 KB of K/V)
 MAX_ATTN_SPLITS = KERNEL["max_attn_splits"]
+LOCAL_ROUTING_MAX_BATCH = KERNEL["local_routing_max_batch"]
 
 
 def rows_per_stage(k: int, elem_bytes: int = 2) -> int:
@@ -277,6 +278,14 @@ def combine_place_for(batch: int) -> str:
     return "empty_splits" if batch == 2 else "round_robin"
 
 
+def local_routing_for(batch: int) -> bool:
+    """Whether the expert tasks' producers choose the layer's experts themselves from the router's scores
+    (schedule.StepShape's ``local_routing``) instead of waiting for the top-k task's work list: the top-k
+    task and one barrier hop leave the routing chain, at the price of the same top-k on every SM that holds
+    an expert place of the layer. Not yet measured: off."""
+    return False
+
+
 def attn_live_splits_for(batch: int, live_tasks: int) -> int:
     """Live splits per request under a cap of ``live_tasks`` live attention tasks a step (0: no cap)."""
     return max(1, live_tasks // batch) if live_tasks else 0
@@ -324,14 +333,15 @@ def workspace_spec(dims, batch: int, splits: int, moe_intermediate: int, dense_i
                    ) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every workspace buffer of a ``batch``-row step: name -> (shape, dtype name). x, o and mlp hold two
     layers (layer l writes index l % 2, reads (l - 1) % 2), so a layer's readers of the previous residual
-    never race its writers."""
+    never race its writers. The router's scores are kept for every layer (written once a step), so a producer that
+    reaches a layer's expert place late still reads that layer's scores (StepShape.local_routing)."""
     B, H, D = batch, dims.hidden, dims.head_dim
     Hq, K, E = dims.num_heads, dims.top_k, dims.num_experts
     return {
         "x": ((2, B, H), "bf16"), "hn": ((B, H), "bf16"), "q": ((B, Hq, D), "bf16"),
         "opart": ((B, splits, Hq, D), "f32"), "lse": ((B, splits, Hq), "f32"), "attn": ((B, Hq * D), "bf16"),
         "o": ((2, B, H), "bf16"), "mlp": ((2, B, H), "bf16"), "out": ((B, H), "bf16"),
-        "scores": ((B, E), "f32"), "topk_w": ((B, K), "f32"), "route": ((route_offsets(dims, B)["size"],), "i32"),
+        "scores": ((dims.num_layers, B, E), "f32"), "topk_w": ((B, K), "f32"), "route": ((route_offsets(dims, B)["size"],), "i32"),
         "dact": ((B, max(dense_intermediate, 8)), "bf16"), "act": ((B * K, moe_intermediate), "bf16"),
         "eout": ((B * K, H), "bf16"),
     }
@@ -350,7 +360,7 @@ def model_mismatches(dims, moe_intermediate: int, dense_intermediate: int) -> li
 
 __all__ = [
     "ATTN_TILE", "GemmTiles", "attn_live_splits_for", "attn_live_tasks_for", "attn_split_tiles", "attn_splits_for",
-    "combine_heads_for", "combine_place_for", "compiled_stage_rows",
+    "combine_heads_for", "combine_place_for", "compiled_stage_rows", "local_routing_for",
     "fold_norm", "gemm_tiles", "model_mismatches", "moe_slots", "padded_rows", "route_offsets", "rows_per_stage",
     "visible_range", "workspace_spec",
 ]

@@ -121,7 +121,11 @@ class StepShape:
     the cap is on) is the order each request's splits are dealt in (_attn_partial_wave). ``combine_place``:
     the ATTN_COMBINE tasks dealt round-robin with the rest ("round_robin"), or ("empty_splits") onto the SMs
     of the layer's highest-numbered splits, which a short history leaves empty (the other waves keep their
-    round-robin SMs); None: layout.combine_place_for the batch."""
+    round-robin SMs); None: layout.combine_place_for the batch. ``local_routing`` (None: layout.local_routing_for
+    the batch): every expert task's producer chooses the layer's experts itself from the router's scores, so
+    the expert tasks wait on the router wave instead of the top-k (which still runs, for the MoE combine's
+    weights, which the combine then waits for); up to layout.LOCAL_ROUTING_MAX_BATCH rows, with a MoE
+    combine wave (not combine_in_norm)."""
 
     batch: int
     num_sms: int
@@ -143,6 +147,7 @@ class StepShape:
     routing_sms: int = 0
     split_order: str | None = None
     combine_place: str | None = None
+    local_routing: bool | None = None
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -184,6 +189,11 @@ class StepShape:
             object.__setattr__(self, "combine_place", layout.combine_place_for(self.batch))
         if self.combine_place not in COMBINE_PLACES:
             raise ValueError(f"combine_place={self.combine_place!r}: one of {COMBINE_PLACES}")
+        if self.local_routing is None:
+            object.__setattr__(self, "local_routing", layout.local_routing_for(self.batch))
+        if self.local_routing and (self.batch > layout.LOCAL_ROUTING_MAX_BATCH or self.combine_in_norm):
+            raise ValueError(f"local_routing: up to batch {layout.LOCAL_ROUTING_MAX_BATCH} with a MoE combine wave "
+                             f"(batch {self.batch}, combine_in_norm={self.combine_in_norm})")
         if self.attn_live_tasks < 0 or self.attn_max_tiles < 1:
             raise ValueError(f"attn_live_tasks={self.attn_live_tasks} (0: off), attn_max_tiles={self.attn_max_tiles}: "
                              f"at least 1")
@@ -402,7 +412,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
         def router_wave():  # scores of tiles of experts; folded: its first task stores hn for the experts
             bar["router"] = b.barrier(f"{L}.router")
             for t in range(dims.num_experts // tiles.router_rows):
-                writes = (("scores", t),)
+                writes = (("scores", layer, t),)
                 if fold and t == 0:
                     writes += tuple(("hn", c) for c in chunks)
                 b.task(Op.ROUTER, layer, "router", waits=in_waits, signal=bar["router"], reads=in_reads,
@@ -428,7 +438,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             # the down wave's barrier, made up by the top-k for the dead slots' skipped tiles (abi.py)
             bar["down"] = b.barrier(f"{L}.moe_down")
             b.task(Op.ROUTER_TOPK, layer, "router_topk", waits=(bar["router"],), signal=bar["route"],
-                   reads=(("scores",),), writes=(("route",), ("topk_w",)), down_barrier=bar["down"],
+                   reads=(("scores", layer),), writes=(("route",), ("topk_w",)), down_barrier=bar["down"],
                    down_tiles=layout.slot_tiles(H, tiles.moe_down_rows))
 
         def attn_wave():
@@ -442,13 +452,13 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                     b.task(Op.DENSE_UPGATE, layer, "mlp_up", waits=in_waits, signal=bar["dense_up"], reads=in_reads,
                            writes=(("dact", t),), col0=t * n, cols=n, norm=int(fold))
                 return
-            n, route = tiles.moe_up_cols, bar["route"]
+            n, route = tiles.moe_up_cols, routing()
             bar["up"] = [b.barrier(f"{L}.moe_up.s{s}") for s in range(slots)]
             claim = b.barrier(f"{L}.moe_up.claims") if shape.expert_claims else NO_BARRIER
             for s in range(slots):  # slot-major: the order claims hand them out in
                 for t in range(moe_intermediate // n):
                     b.task(Op.MOE_UPGATE, layer, "mlp_up", waits=(route,), signal=bar["up"][s], load_wait=route,
-                           reads=(("hn",), ("route",)), writes=(("act", s, t),), slot=s, col0=t * n, cols=n,
+                           reads=(("hn",), routing_read), writes=(("act", s, t),), slot=s, col0=t * n, cols=n,
                            claim=claim)
 
         def down_wave():
@@ -460,13 +470,20 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                     b.task(Op.DENSE_DOWN, layer, "mlp_down", waits=(bar["dense_up"],), signal=bar["mlp"],
                            reads=(("dact",),), writes=_units("mlp", p, t * n, n), row0=t * n, rows=n)
                 return
-            n, route = tiles.moe_down_rows, bar["route"]
+            n, route = tiles.moe_down_rows, routing()
             claim = b.barrier(f"{L}.moe_down.claims") if shape.expert_claims else NO_BARRIER
             for s in range(slots):
                 for t in range(layout.slot_tiles(H, n)):  # every task's rows is n, the last one cut at H
                     b.task(Op.MOE_DOWN, layer, "mlp_down", waits=(bar["up"][s],), signal=bar["down"],
-                           load_wait=route, reads=(("route",), ("act", s)), writes=(("eout", s, t),), slot=s,
+                           load_wait=route, reads=(routing_read, ("act", s)), writes=(("eout", s, t),), slot=s,
                            row0=t * n, rows=n, claim=claim)
+
+        # What an expert task's producer waits on before it completes the descriptor, and what that reads:
+        # the top-k's work list, or with local routing the router's scores (the producer's own top-k).
+        routing_read = ("scores", layer) if shape.local_routing else ("route",)
+
+        def routing() -> int:
+            return bar["router"] if shape.local_routing else bar["route"]
 
         def combine_wave():
             bar["comb"] = _attn_combine_wave(b, layer, B, hq, heads_per_combine, bar["attn"])
@@ -485,8 +502,10 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             if moe_in_norm(layer + 1):  # the next norm sums the expert outputs: it waits on the down wave
                 bar["mlp"] = bar["down"]
                 return
+            # with local routing no expert task waited for the top-k, whose weights the combine reads
+            waits = (bar["down"], bar["route"]) if shape.local_routing else (bar["down"],)
             for t in range(H // combine_cols):
-                b.task(Op.MOE_COMBINE, layer, "moe_combine", waits=(bar["down"],), signal=bar["mlp"],
+                b.task(Op.MOE_COMBINE, layer, "moe_combine", waits=waits, signal=bar["mlp"],
                        reads=(("route",), ("topk_w",), ("eout",)),
                        writes=_units("mlp", p, t * combine_cols, combine_cols), col0=t * combine_cols,
                        cols=combine_cols)

@@ -390,6 +390,8 @@ class Numerics:
         self.slot_rows: list[list[int]] = []
         self.layer_active: dict[int, int] = {}  # each routed layer's slot count (the route buffer keeps them)
         self.live = inputs.seq_lens > 0
+        # local routing (StepShape.local_routing): each layer's choice as the producers make it from its scores
+        self._local: dict[int, tuple[torch.Tensor, list[int], list[list[int]]]] = {}
 
     # -- the kernel's workspace: every buffer is a flat prefix laid out for this schedule's batch and splits;
     # the route buffer is kept as the expert list it encodes (slot_expert, slot_rows)
@@ -402,6 +404,7 @@ class Numerics:
         for name in self._buffers():
             dst = getattr(self, name)
             dst.copy_(ws[name].reshape(-1)[: dst.numel()].view(dst.shape))
+        self._local.clear()
         route = ws["route"].tolist()
         off, B = layout.route_offsets(self.dims, self.s.shape.batch), self.s.shape.batch
         active = route[0]
@@ -582,44 +585,66 @@ class Numerics:
         if write_hn:
             self.hn[:] = h
         logits = h @ self.w.layers[layer].router[row0:row0 + rows].t()  # bf16, like vLLM's gate
-        self.scores[:, row0:row0 + rows] = logits.float().sigmoid()
+        self.scores[layer, :, row0:row0 + rows] = logits.float().sigmoid()
+        self._local.pop(layer, None)
 
-    def router_topk(self, layer: int, down_barrier: int, down_tiles: int) -> None:
+    def _routing(self, layer: int) -> tuple[torch.Tensor, list[int], list[list[int]]]:
+        """The layer's top-k weights [B, K] and expert work list (slot_expert, slot_rows) from its scores, as the
+        top-k task and, with local routing, every expert task's producer compute them."""
         dims = self.dims
         if self.uniform_routing:
             experts = uniform_experts(layer, self.inp.positions, dims.top_k, dims.num_experts)
             weights = torch.ones(experts.shape, dtype=self.topk_w.dtype, device=self.topk_w.device)
         else:
-            weights, experts = torch.sort(self.scores, dim=-1, descending=True, stable=True)
+            weights, experts = torch.sort(self.scores[layer], dim=-1, descending=True, stable=True)
             weights, experts = weights[:, :dims.top_k], experts[:, :dims.top_k]
             if dims.norm_topk_prob:
                 weights = weights / weights.sum(-1, keepdim=True)
-        self.topk_w[:] = weights
         rows: dict[int, list[int]] = defaultdict(list)
         for r in range(experts.shape[0]):
             if self.live[r]:  # padding rows route nowhere
                 for k, e in enumerate(experts[r].tolist()):
                     rows[e].append(r * dims.top_k + k)
-        self.slot_expert = sorted(rows)
-        self.slot_rows = [rows[e] for e in self.slot_expert]
+        slot_expert = sorted(rows)
+        return weights, slot_expert, [rows[e] for e in slot_expert]
+
+    def _work_list(self, layer: int) -> tuple[list[int], list[list[int]]]:
+        """What an expert task of ``layer`` runs on: the top-k's work list (the route buffer), or with local
+        routing its producer's own, from the layer's scores."""
+        if not self.s.shape.local_routing:
+            return self.slot_expert, self.slot_rows
+        if layer not in self._local:
+            self._local[layer] = self._routing(layer)
+        return self._local[layer][1:]
+
+    def live_slots(self, layer: int) -> int:
+        """The layer's routed slot count as its expert tasks' producers learn it (simulate.run's
+        ``live_slots``): the top-k's, or with local routing their own from the scores."""
+        return len(self._work_list(layer)[0]) if self.s.shape.local_routing else self.layer_active[layer]
+
+    def router_topk(self, layer: int, down_barrier: int, down_tiles: int) -> None:
+        weights, self.slot_expert, self.slot_rows = self._routing(layer)
+        self.topk_w[:] = weights
         self.layer_active[layer] = len(self.slot_expert)
 
     def moe_upgate(self, layer: int, slot: int, col0: int, cols: int) -> None:
-        if slot >= len(self.slot_expert):
+        slot_expert, slot_rows = self._work_list(layer)
+        if slot >= len(slot_expert):
             return  # a dead slot's task: the kernel's producer skips it; run here anyway, it changes nothing
         lw, K = self.w.layers[layer], self.dims.top_k
         inter = lw.w2.shape[2]
-        e, rows = self.slot_expert[slot], self.slot_rows[slot]
+        e, rows = slot_expert[slot], slot_rows[slot]
         h = self.hn[[r // K for r in rows]]
         gate = h @ lw.w13[e, col0:col0 + cols].t()
         up = h @ lw.w13[e, inter + col0:inter + col0 + cols].t()
         self.act[rows, col0:col0 + cols] = _silu_mul(gate, up)
 
     def moe_down(self, layer: int, slot: int, row0: int, rows: int) -> None:
-        if slot >= len(self.slot_expert):
+        slot_expert, slot_rows = self._work_list(layer)
+        if slot >= len(slot_expert):
             return  # as in moe_upgate
         rows = min(rows, self.dims.hidden - row0)  # a slot's last tile is cut at hidden (csrc MoeDownOp::task_rows)
-        e, token_rows = self.slot_expert[slot], self.slot_rows[slot]
+        e, token_rows = slot_expert[slot], slot_rows[slot]
         w2 = self.w.layers[layer].w2[e, row0:row0 + rows]
         self.eout[token_rows, row0:row0 + rows] = self.act[token_rows] @ w2.t()
 
@@ -640,8 +665,9 @@ def decode_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, orde
         raise ValueError(f"inputs have batch {inputs.input_ids.shape[0]}, schedule {schedule.shape.batch}")
     numerics = Numerics(schedule, weights, inputs, uniform_routing)
     with torch.no_grad():
-        # a layer's routed tasks are reached only after its top-k, which recorded the layer's slot count
-        run(schedule, numerics, order=order, seed=seed, live_slots=numerics.layer_active.__getitem__)
+        # a layer's routed tasks are reached only after its routing (the top-k, or with local routing the
+        # router wave), from which their producers learn the layer's slot count
+        run(schedule, numerics, order=order, seed=seed, live_slots=numerics.live_slots)
     return numerics.out
 
 
