@@ -1049,3 +1049,26 @@ def test_local_routing_keeps_every_layers_scores_and_is_refused_where_the_kernel
         StepShape(batch=2, num_sms=7, local_routing=True, norm="wave", combine_in_norm=True)
     assert [StepShape(batch=b, num_sms=132).local_routing for b in (1, 2, 8, 64)] == \
         [layout.local_routing_for(b) for b in (1, 2, 8, 64)]
+
+
+@pytest.mark.parametrize("batch, live_tasks, order", [(1, 2, "random"), (2, 2, "reverse"), (3, 3, "random")])
+def test_live_first_deals_the_live_splits_right_after_qkv_and_the_experts_after_them(dims, weights, batch, live_tasks,
+                                                                                     order):
+    """split_order="live_first": each layer's partials are dealt split by split (every request's split 0, then
+    split 1, ...), so the cap's live splits take the SMs right after the layer's earlier waves, and the wave
+    after the partials goes on from the last live split, not from the last partial: the SMs of the empty
+    splits get its extra places. Every SM's list stays in step order; the step is race-free and bit-equal to
+    the descending deal's."""
+    inp = step_inputs(dims, [40, 9, 23][:batch], seed=batch)
+    shape = dict(batch=batch, num_sms=7, attn_splits=3, attn_min_tiles=1, attn_live_tasks=live_tasks)
+    plain = build_schedule(dims, StepShape(**shape, split_order="descending"), *weights.intermediates())
+    first = build_schedule(dims, StepShape(**shape, split_order="live_first"), *weights.intermediates())
+    live = first.shape.attn_live_splits * batch
+    for layer in range(dims.num_layers):
+        partials = [t for t in first.tasks if t.layer == layer and t.op == Op.ATTN_PARTIAL]
+        assert [(t.fields["split"], t.fields["request"]) for t in partials] == \
+            sorted((t.fields["split"], t.fields["request"]) for t in partials)
+        nxt = first.tasks[partials[-1].index + 1]
+        assert nxt.sm == (partials[0].sm + live) % 7  # the next wave starts after the live splits' SMs
+    assert all(lst == sorted(lst) for lst in first.sm_tasks)
+    assert_race_free_and_bit_equal(first, plain, weights, inp, order, batch)

@@ -80,7 +80,7 @@ WAVE_ORDERS = {
 MOE_ONLY_WAVES = ("router", "router_topk", "moe_combine")
 ROUTING_WAVES = ("router", "router_topk")  # what StepShape.routing_sms reserves SMs for
 DEALS = ("by_layer", "continuous")  # StepShape.deal
-SPLIT_ORDERS = ("ascending", "descending")  # StepShape.split_order
+SPLIT_ORDERS = ("ascending", "descending", "live_first")  # StepShape.split_order
 COMBINE_PLACES = ("round_robin", "empty_splits")  # StepShape.combine_place
 UNIT = 16  # columns per region unit of the hidden-wide outputs o and mlp
 COMBINE_COLS = 128  # columns per MOE_COMBINE task
@@ -118,7 +118,10 @@ class StepShape:
     step: a request's keys go to at most attn_live_tasks // batch of its splits as long as a split stays within
     ``attn_max_tiles`` tiles (layout.attn_split_tiles), so a short history occupies fewer SMs while a long
     one still spreads over every split; ``split_order`` ("ascending" or "descending"; None: descending where
-    the cap is on) is the order each request's splits are dealt in (_attn_partial_wave). ``combine_place``:
+    the cap is on) is the order each request's splits are dealt in (_attn_partial_wave); "live_first" deals
+    every request's first split, then every request's second, ..., so the cap's live splits (attn_live_tasks
+    of them) are dealt first, on the SMs right after the layer's routing and qkv tasks, and the next wave's
+    round-robin starts right after the live ones (its extra places land on SMs of empty splits). ``combine_place``:
     the ATTN_COMBINE tasks dealt round-robin with the rest ("round_robin"), or ("empty_splits") onto the SMs
     of the layer's highest-numbered splits, which a short history leaves empty (the other waves keep their
     round-robin SMs); None: layout.combine_place_for the batch. ``local_routing`` (None: layout.local_routing_for
@@ -575,10 +578,11 @@ def _attn_partial_wave(b: _Builder, layer: int, batch: int, splits: int, qkv: in
     second up/gate place on 60 SMs at batch 1) to the SMs whose split has nothing to do."""
     done = b.barrier(f"L{layer}.attn")
     order = range(splits - 1, -1, -1) if split_order == "descending" else range(splits)
-    for r in range(batch):
-        for s in order:
-            b.task(Op.ATTN_PARTIAL, layer, "attn_partial", waits=() if qkv == NO_BARRIER else (qkv,), signal=done,
-                   load_wait=qkv, reads=(("q",), ("kv", layer)), writes=(("opart", r, s),), request=r, split=s)
+    pairs = [(r, s) for s in order for r in range(batch)] if split_order == "live_first" else \
+        [(r, s) for r in range(batch) for s in order]
+    for r, s in pairs:
+        b.task(Op.ATTN_PARTIAL, layer, "attn_partial", waits=() if qkv == NO_BARRIER else (qkv,), signal=done,
+               load_wait=qkv, reads=(("q",), ("kv", layer)), writes=(("opart", r, s),), request=r, split=s)
     return done
 
 
@@ -630,9 +634,17 @@ def _placed(b: _Builder, dims: ModelDims, shape: StepShape, tiles: layout.GemmTi
     split_sms: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # layer -> (-split, request, SM)
     combine_sms: dict[int, list[int]] = {}  # layer -> its split SMs, highest split first (combine_place)
     combines: dict[int, int] = defaultdict(int)  # layer -> its ATTN_COMBINE tasks placed so far
+    # split_order="live_first": the round-robin after a layer's partials goes on from its last live split
+    live_tasks = min(shape.attn_live_splits or shape.attn_splits, shape.attn_splits) * shape.batch
+    partial_start = None  # the cursor at the layer's first partial, while its wave is being dealt
     for t in _deal_order(b.tasks, shape):  # round-robin in dealing order
         if shape.deal == "by_layer" and t.layer != layer:
             cursor, routing_cursor, layer = 0, 0, t.layer
+        if shape.split_order == "live_first":
+            if t.op == Op.ATTN_PARTIAL and partial_start is None:
+                partial_start = cursor
+            elif t.op != Op.ATTN_PARTIAL and partial_start is not None:
+                cursor, partial_start = partial_start + live_tasks, None
         if shape.combine_place == "empty_splits" and t.op == Op.ATTN_COMBINE and split_sms[t.layer]:
             # after every split of its layer in step order, so any SM's list stays in step order
             if t.layer not in combine_sms:  # highest split first: the ones a short history leaves empty
