@@ -50,7 +50,9 @@ CONFIG_KEY = "megakernel"
 # (benchmarks/results/h200-2026-12-03-v2-session-t), and in session U every sanitizer case (memcheck, racecheck,
 # synccheck), the greedy cases through both graph modes, test_stock_equivalence.py and test_serve.py
 # (benchmarks/results/h200-2026-12-03-v2-session-u; the vLLM tests with batch 2's combines on the empty splits,
-# a placement that gives bit-equal outputs). A kernel change
+# a placement that gives bit-equal outputs). Session V's ABI 14 (ROUTER_TOPK's code shared with the local-routing
+# producers, the scores kept per layer) passed the kernel tests and the local-routing sanitizer case
+# (benchmarks/results/h200-2026-12-04-v2-local-routing); the vLLM-stage tests have not been run again on it. A kernel change
 # that has not been through those tests again may set it back to False: then ``enabled: true`` opts in,
 # everything else is stock vLLM, and the log line says how to opt in (OPT_IN_REASON).
 AUTOMATIC_DEFAULT = True
@@ -59,12 +61,14 @@ OPT_IN_REASON = ("the megakernel is opt-in until vLLM's GPU tests have passed on
 
 # The largest decode batch measured at least as fast as stock vLLM -- together with every smaller batch
 # measured -- in the committed sweeps below (8K, the weights' own routing; a batch measured in several counts
-# from the last folder listed): batch 1-64 on the current kernel (session S, the L2 evict-first copies: 1.85 /
-# 1.60 / 1.45 / 1.35 / 1.17 / 1.09 / 1.06x at batch 1 / 2 / 4 / 8 / 16 / 32 / 64). A CPU test recomputes it from
-# their results.json files. Older kernels' sweeps stay in benchmarks/results (the README names them).
+# from the last folder listed): batch 1-16 on the current kernel (session V, csrc/ as at 9df348d: 1.86 / 1.63 /
+# 1.46 / 1.35 / 1.15x at batch 1 / 2 / 4 / 8 / 16), batch 32 and 64 on session S's (the L2 evict-first copies,
+# whose schedule at those batches the later changes left as it was: 1.09 / 1.06x). A CPU test recomputes it
+# from their results.json files. Older kernels' sweeps stay in benchmarks/results (the README names them).
 MEASURED_MAX_BATCH = 64
 MEASURED_IN = ("benchmarks/results/h200-2026-12-03-v2-l2-hints/call3/sweep",
-               "benchmarks/results/h200-2026-12-03-v2-l2-hints/call4/sweep")
+               "benchmarks/results/h200-2026-12-03-v2-l2-hints/call4/sweep",
+               "benchmarks/results/h200-2026-12-04-v2-local-routing/call3/sweep")
 KERNEL_MAX_BATCH = KERNEL["max_batch"]
 
 _FIELDS: dict[str, type] = {"enabled": bool, "strict": bool, "max_batch": int}
