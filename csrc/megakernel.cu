@@ -59,7 +59,7 @@ constexpr int kKnownBarriers = 16384;
 struct SharedStorage {
   PipelineStorage pipe;
   OpShared op;
-  LocalRoute local_route;  // the producer warp's alone (local routing, ops/router.cuh)
+  LocalRoute local_route;  // the producer warp's alone (local routing, ops/topk.cuh)
   long long step[abi::kStepWords];
   uint32_t complete[kKnownBarriers / 32];  // the consumer leader's alone
   int consumer_abort;  // written by the consumer leader before a consumer_sync, read by consumers after it

@@ -4,10 +4,11 @@ Accepted keys:
 
 - ``enabled``: ``true`` asks for the megakernel, ``false`` is stock vLLM. Left out (automatic mode, on since
   :data:`AUTOMATIC_DEFAULT` is true), the megakernel runs wherever it can (extension built, Hopper GPU,
-  supported setup) and stock vLLM runs elsewhere. The current kernel is sanitizer-clean and vLLM's own GPU
-  tests (greedy decoding through both CUDA-graph modes, stock equivalence, the server: session U; stepwise
+  supported setup) and stock vLLM runs elsewhere. The kernel before ABI 14 was sanitizer-clean and vLLM's own
+  GPU tests (greedy decoding through both CUDA-graph modes, stock equivalence, the server: session U; stepwise
   against stock: session T) passed on it (benchmarks/results/h200-2026-12-03-v2-session-u and
-  benchmarks/results/h200-2026-12-03-v2-session-t).
+  benchmarks/results/h200-2026-12-03-v2-session-t); on ABI 14 the kernel tests and the local-routing sanitizer
+  case passed, the vLLM-stage tests have not run yet (AUTOMATIC_DEFAULT below).
 - ``strict``: ``true`` turns every fallback to stock into an error.
 - ``max_batch``: the largest decode batch the megakernel takes (1 to the kernel's 64); larger decode
   batches run vLLM's stock forward, captured in the same CUDA graphs (each graph holds the path its batch
