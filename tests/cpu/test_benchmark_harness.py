@@ -145,6 +145,26 @@ def test_table_says_plainly_when_the_megakernel_side_fell_back(config):
     assert fell_back.startswith("**The megakernel side ran stock vLLM** (vllm_megakernel: decode runs on stock")
 
 
+def test_table_says_the_megakernel_side_has_no_numbers_when_its_engine_stopped_before_any_case(config, tmp_path):
+    """A sweep cut off by its time limit while the megakernel engine was still warming up: collect_side
+    records that engine as stopped (use_megakernel False) and every case as failed, which is not a fallback."""
+    from benchmarks import decode_sweep
+
+    result = recorded(config)
+    mk_cases = [{"batch": c["batch"], "context": c["context"]}
+                for c in result["cases"] if c["side"] == "megakernel"]
+    result["cases"] = [c for c in result["cases"] if c["side"] != "megakernel"]
+    part = tmp_path / "megakernel.json"  # never written: the worker was stopped first
+    got, decision = decode_sweep.collect_side("megakernel", mk_cases, part, "stopped by SIGTERM")
+    result["cases"] += got
+    result["sides"]["megakernel"] = decision
+    table = report.markdown(result)
+    assert table.startswith("**The megakernel side has no numbers** (the megakernel engine stopped (stopped by "
+                            "SIGTERM) before this case")
+    assert "ran stock vLLM" not in table and "second stock measurement" not in table
+    assert "| 8 | 8K | 1600 (1568-1616) | - (the megakernel engine stopped (stopped by SIGTERM)" in table
+
+
 def test_a_rate_above_the_speed_of_light_is_flagged_as_invalid(config):
     """A side that ran faster than its bytes allow skipped work or was timed wrong (a sweep's rows that drew
     the same experts; a run cut short): the table says so under the row instead of letting it pass."""
