@@ -7,8 +7,9 @@ Accepted keys:
   supported setup) and stock vLLM runs elsewhere. The kernel before ABI 14 was sanitizer-clean and vLLM's own
   GPU tests (greedy decoding through both CUDA-graph modes, stock equivalence, the server: session U; stepwise
   against stock: session T) passed on it (benchmarks/results/h200-2026-12-03-v2-session-u and
-  benchmarks/results/h200-2026-12-03-v2-session-t); on ABI 14 the kernel tests and the local-routing sanitizer
-  case passed, the vLLM-stage tests have not run yet (AUTOMATIC_DEFAULT below).
+  benchmarks/results/h200-2026-12-03-v2-session-t); on ABI 14 the kernel tests, the local-routing sanitizer
+  case and every vLLM-stage test passed (session W: benchmarks/results/h200-2026-12-04-v2-session-w;
+  AUTOMATIC_DEFAULT below).
 - ``strict``: ``true`` turns every fallback to stock into an error.
 - ``max_batch``: the largest decode batch the megakernel takes (1 to the kernel's 64); larger decode
   batches run vLLM's stock forward, captured in the same CUDA graphs (each graph holds the path its batch
@@ -53,8 +54,10 @@ CONFIG_KEY = "megakernel"
 # (benchmarks/results/h200-2026-12-03-v2-session-u; the vLLM tests with batch 2's combines on the empty splits,
 # a placement that gives bit-equal outputs). Session V's ABI 14 (ROUTER_TOPK's code shared with the local-routing
 # producers, the scores kept per layer) passed the kernel tests and the local-routing sanitizer case
-# (benchmarks/results/h200-2026-12-04-v2-local-routing); the vLLM-stage tests have not been run again on it. A kernel change
-# that has not been through those tests again may set it back to False: then ``enabled: true`` opts in,
+# (benchmarks/results/h200-2026-12-04-v2-local-routing), and in session W every vLLM-stage test above
+# (benchmarks/results/h200-2026-12-04-v2-session-w; the sanitizer's two default cases have not run again on
+# it). A kernel change that has not been through those tests again may set it back to False: then
+# ``enabled: true`` opts in,
 # everything else is stock vLLM, and the log line says how to opt in (OPT_IN_REASON).
 AUTOMATIC_DEFAULT = True
 OPT_IN_REASON = ("the megakernel is opt-in until vLLM's GPU tests have passed on the current kernel: set "
