@@ -140,8 +140,8 @@ def profile_batch(dims, weights, batch: int, context: int, iters: int, num_sms: 
 
 def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     """One traced launch of ``sched`` (with the routing log) on ``ext`` (default the package's extension): the
-    report's per-wave table, layer timeline, SMs' layer ends, split by previous opcode, the distinct experts
-    the kernel chose, and every task's record (``task_trace``)."""
+    report's per-wave table, layer timeline, SMs' layer ends, split by previous opcode, what the SMs do over a
+    layer, the distinct experts the kernel chose, and every task's record (``task_trace``)."""
     import torch
 
     from vllm_megakernel.megakernel import abi, runtime, trace
@@ -160,7 +160,14 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     previous = trace.after_previous(ops, waves, rec, ran)
     chosen = runtime.routing_log(traced.workspace, dims, len(inp.input_ids))
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
-    distinct = statistics.mean(len(set(chosen[i].flatten().tolist())) for i in moe)
+    distinct_in = {i: len(set(chosen[i].flatten().tolist())) for i in moe}
+    distinct = statistics.mean(distinct_in.values())
+    # what the SMs do over a layer, with each task's share of its wave's bytes (the layer's own distinct experts)
+    i_moe, i_dense = weights.intermediates()
+    seq_lens = [int(n) for n in inp.seq_lens.tolist()]
+    nbytes = trace.task_bytes(sched, rec, lambda wave, layer: layer_wave_bytes(
+        dims, i_moe, i_dense, layer, seq_lens, distinct_in.get(layer, 0), wave))
+    activity = trace.layer_activity(sched, rec, middle, nbytes)
     _, col = trace.record_fields(rec)
     time_fields = tuple(f for f in abi.TRACE_FIELDS if f.endswith("_ns"))  # not the block, not the physical SM
     times = torch.stack([col[name] for name in time_fields], dim=1)
@@ -181,6 +188,8 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
                          "waves": [dataclasses.asdict(r) for r in timeline]},
             "ends": {"spread": spread, "waves": [dataclasses.asdict(r) for r in sm_ends]},
             "after_previous": [dataclasses.asdict(r) for r in previous],
+            "activity": {"layers": f"MoE layers {middle[0]}-{middle[-1]}",
+                         "bins": [dataclasses.asdict(r) for r in activity]},
             "task_trace": task_trace}
 
 
@@ -193,29 +202,39 @@ def kernel_bytes(config: dict, context: int, batch: int, distinct: float) -> flo
     return mb.step_bytes([context] * batch, distinct) - config["vocab_size"] * config["hidden_size"] * 2
 
 
+def layer_wave_bytes(dims, moe_intermediate: int, dense_intermediate: int, layer: int, seq_lens, distinct: float,
+                     wave: str) -> float | None:
+    """Bytes ``wave`` must move in ``layer`` (every weight byte and every K/V byte once; activations, in L2, are
+    not counted): ``seq_lens`` each request's tokens including the new one (0 for padding), ``distinct`` the
+    layer's distinct experts. None where the layer has no such wave (a dense layer's router), 0 for a wave that
+    moves no weights (combines, top-k, norm)."""
+    if wave not in ("router", "qkv", "o_proj", "mlp_up", "mlp_down", "attn_partial"):
+        return 0  # the final norm's pseudo-layer too
+    h, d = dims.hidden, dims.head_dim
+    dense = dims.dense[layer]
+    window = dims.sliding_window if dims.sliding[layer] else None
+    tokens = sum(min(n, window) if window else n for n in seq_lens)
+    n = {
+        "router": None if dense else dims.num_experts * h,
+        "qkv": (dims.num_heads + 2 * dims.num_kv_heads) * d * h,
+        "o_proj": h * dims.num_heads * d,
+        "mlp_up": 2 * dense_intermediate * h if dense else distinct * 2 * moe_intermediate * h,
+        "mlp_down": h * dense_intermediate if dense else distinct * h * moe_intermediate,
+        "attn_partial": tokens * 2 * dims.num_kv_heads * d,
+    }[wave]
+    return None if n is None else 2 * n
+
+
 def wave_bytes(config: dict, wave: str, context: int, batch: int, distinct: float) -> float:
-    """Bytes a wave must move per layer, averaged over the layers that have it: every weight byte and every
-    K/V byte once (activations, in L2, are not counted)."""
+    """Bytes a wave must move per layer, averaged over the layers that have it (layer_wave_bytes with every
+    request at ``context`` cached tokens)."""
     from vllm_megakernel.reference import ModelDims
 
     dims = ModelDims.from_config(config)
-    h, d, e = dims.hidden, dims.head_dim, dims.num_experts
     i_moe, i_dense = config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0
-    per_layer = []
-    for layer in range(dims.num_layers):
-        dense = dims.dense[layer]
-        window = dims.sliding_window if dims.sliding[layer] else None
-        tokens = min(context + 1, window) if window else context + 1
-        b = {
-            "router": None if dense else e * h,
-            "qkv": (dims.num_heads + 2 * dims.num_kv_heads) * d * h,
-            "o_proj": h * dims.num_heads * d,
-            "mlp_up": 2 * i_dense * h if dense else distinct * 2 * i_moe * h,
-            "mlp_down": h * i_dense if dense else distinct * h * i_moe,
-            "attn_partial": batch * tokens * 2 * dims.num_kv_heads * d,
-        }.get(wave, 0)
-        if b is not None:
-            per_layer.append(2 * b)
+    per_layer = [b for layer in range(dims.num_layers)
+                 if (b := layer_wave_bytes(dims, i_moe, i_dense, layer, [context + 1] * batch, distinct, wave))
+                 is not None]
     return statistics.mean(per_layer) if per_layer else 0.0
 
 
@@ -295,6 +314,11 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
             from vllm_megakernel.megakernel.trace import AfterPrevious, after_previous_markdown
 
             lines += ["", after_previous_markdown([AfterPrevious(**w) for w in r["after_previous"]]).rstrip("\n")]
+        if "activity" in r:  # nor what the SMs do over a layer (session W)
+            from vllm_megakernel.megakernel.trace import ActivityBin, activity_markdown
+
+            lines += ["", activity_markdown([ActivityBin(**b) for b in r["activity"]["bins"]],
+                                            r["activity"]["layers"], bandwidth).rstrip("\n")]
         if "routing_physical_sms" in r:  # nor the physical SMs (ABI 12)
             lines += ["", physical_sms_markdown(r["physical_sms"], r["routing_physical_sms"])]
     return "\n".join(lines) + "\n"

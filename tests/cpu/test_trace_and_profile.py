@@ -70,6 +70,56 @@ def test_layer_timeline_places_each_wave_after_the_layer_start(dims):
         trace.layer_timeline(sched, rec, [dims.num_layers])  # the final norm: nothing follows it
 
 
+def test_task_bytes_share_a_waves_bytes_among_its_tasks_that_streamed(dims):
+    """Each task of a wave and layer gets an equal share of the wave's bytes in that layer; a task without a
+    stage phase (an empty attention split, say) gets none and the others share its part."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 1000 for w in waves}, {w: 500 for w in waves})
+    bytes_of = lambda wave, layer: None if wave == "router" else 1000.0 * (layer + 1) + len(wave)
+    nb = trace.task_bytes(sched, rec, bytes_of)
+    layer = trace.middle_moe_layers(dims)[0] if trace.middle_moe_layers(dims) else 1
+    qkv = [t.index for t in sched.tasks if t.layer == layer and t.wave == "qkv"]
+    assert len(qkv) > 1 and all(float(nb[i]) == pytest.approx(bytes_of("qkv", layer) / len(qkv)) for i in qkv)
+    assert all(float(nb[t.index]) == 0.0 for t in sched.tasks if t.wave == "router")
+    for wave in {t.wave for t in sched.tasks if t.layer == layer} - {"router"}:
+        ix = [t.index for t in sched.tasks if t.layer == layer and t.wave == wave]
+        assert float(nb[ix].sum()) == pytest.approx(bytes_of(wave, layer))
+    rec[qkv[0], abi.TRACE_FIELDS.index("inputs_ns")] = 0  # no stage phase marked
+    nb2 = trace.task_bytes(sched, rec, bytes_of)
+    assert float(nb2[qkv[0]]) == 0.0
+    assert float(nb2[qkv[1:]].sum()) == pytest.approx(bytes_of("qkv", layer))
+
+
+def test_layer_activity_counts_waiting_and_running_sms_and_the_bytes_taken(dims):
+    """Synthetic waves back to back (each task waits 500 ns, runs 1000 ns, takes its bytes in the 300 ns of
+    its stage phase): over the layer the stretches add up to every task's run, every wait after the layer's
+    first wave, and every byte of the layer; a stretch inside one wave's run holds that wave's SMs."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 1000 for w in waves}, {w: 500 for w in waves})
+    layer = next(i for i in range(dims.num_layers - 1) if not dims.dense[i])
+    nb = trace.task_bytes(sched, rec, lambda wave, lay: 64.0 * (1 + waves.index(wave)))
+    rows = trace.layer_activity(sched, rec, [layer], nb, bin_us=0.1)
+    mine = [t for t in sched.tasks if t.layer == layer]
+    order = list(dict.fromkeys(t.wave for t in mine))
+    assert len(rows) == len(order) * 16 - 6  # waves 1.6 us apart, the last one's run ends 1.0 us after its wait
+    assert sum(r.running for r in rows) * 100 == pytest.approx(1000 * len(mine))
+    first = sum(1 for t in mine if t.wave == order[0])
+    assert sum(r.waiting for r in rows) * 100 == pytest.approx(500 * (len(mine) - first))
+    assert sum(r.consumed_gbs for r in rows) * 100 == pytest.approx(sum(64.0 * (1 + waves.index(w)) for w in order))
+    second = sum(1 for t in mine if t.wave == order[1])
+    at = rows[(1600 + 600) // 100]  # the second wave runs 1.6-2.6 us after the layer started, takes bytes to 2.0
+    assert at.running == pytest.approx(second) and at.waiting == 0 and at.consumed_gbs == 0
+    wide = trace.layer_activity(sched, rec, [layer], nb)  # the default stretch: 1 us for a layer under 30 us
+    assert [r.start_us for r in wide] == [float(i) for i in range(-(-(len(order) * 16 - 6) // 10))]
+    assert sum(r.running for r in wide) * 1000 == pytest.approx(1000 * len(mine))
+    text = trace.activity_markdown(rows, "layer 1", bandwidth=1e12)
+    assert text.startswith("what the SMs do over a layer (layer 1,") and f"| 0 | 0 | {first} |" in text
+    with pytest.raises(ValueError, match="following layer"):
+        trace.layer_activity(sched, rec, [dims.num_layers], nb)  # the final norm: nothing follows it
+
+
 def test_layer_ends_say_when_the_sms_finish_a_layer_and_with_which_wave(dims):
     """Per SM, its last task of the layer: every SM of the layer counts once, the last one ends with the
     layer's last wave, and one SM held up 7 us at the end of every layer moves only the last SM's end and
@@ -250,6 +300,13 @@ def test_tasks_split_by_the_opcode_their_sm_ran_just_before():
     stored = json.loads(json.dumps([dataclasses.asdict(r) for r in split.values()]))  # as profile.json keeps it
     text = kernel_profile.report([dict(result, after_previous=stored)], bandwidth=1e12, config=config)
     assert "| mlp_up | 1 | 4.0 | 1.0 | 2 | 9.5 | 2.5 |" in text and "| mlp_down | 0 | - | - | 1 | 3.0 | 0.5 |" in text
+    assert "what the SMs do over a layer" not in text
+    bins = [dataclasses.asdict(trace.ActivityBin(0.0, 3.0, 120.0, 2500.0)),
+            dataclasses.asdict(trace.ActivityBin(2.0, 40.0, 92.0, 1000.0))]
+    text = kernel_profile.report([dict(result, activity={"layers": "MoE layers 2-3", "bins": bins})], bandwidth=5e12,
+                                 config=config)
+    assert "what the SMs do over a layer (MoE layers 2-3," in text
+    assert "| 0 | 3 | 120 | 2500 | 50% |" in text and "| 2 | 40 | 92 | 1000 | 20% |" in text
 
 
 def test_profile_rows_of_later_placements_say_which_placement_they_timed():
@@ -465,3 +522,10 @@ def test_traced_launch_reports_times_from_the_time_fields_and_where_the_blocks_r
     end = abi.TRACE_FIELDS.index("end_ns")
     assert torch.equal(times[:, 5], (rec[:, end] - first).to(torch.int32))
     assert torch.equal(out["task_trace"]["smid"], rec[:, abi.TRACE_FIELDS.index("smid")].to(torch.int16))
+    middle = trace.middle_moe_layers(dims)
+    assert out["activity"]["layers"] == f"MoE layers {middle[0]}-{middle[-1]}"
+    # the layer's weight and K/V bytes, each task's share taken in its stage phase (these synthetic waves run
+    # every task of a wave side by side, whatever the SM count)
+    bins = out["activity"]["bins"]
+    assert bins and max(b["consumed_gbs"] for b in bins) > 0 and max(b["running"] for b in bins) > 0
+    assert all(b["running"] >= 0 and b["waiting"] >= 0 for b in bins)

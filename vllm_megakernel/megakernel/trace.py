@@ -20,6 +20,9 @@ when its tasks ended (median and last), relative to the layer's first task, and 
 medians over the layers asked for. ``layer_ends`` shows the layer's end from the SMs' side: when the SMs
 finished their last task of the layer (the first, half, 90% and the last of them) and which wave those
 last tasks belonged to, so a layer that ends late says whether a few SMs hold it up, and with what.
+``layer_activity`` cuts the layer into short stretches and says, for each, how many SMs were waiting on input
+barriers, how many were running a task, and how fast the consumers took in weight and K/V bytes (each task's
+share of its wave's bytes, spread over its stage phase): the stretches where few SMs stream are where HBM idles.
 
 Plain torch on the host; the CPU tests feed it synthetic records.
 """
@@ -65,7 +68,8 @@ def ran_tasks(schedule: Schedule, records: torch.Tensor) -> torch.Tensor:
     if rec.shape != (len(schedule.tasks), len(abi.TRACE_FIELDS)):
         raise ValueError(f"trace has shape {tuple(rec.shape)}, schedule has {len(schedule.tasks)} tasks")
     ran = rec[:, abi.TRACE_FIELDS.index("end_ns")] > 0
-    missing = [t.index for t in schedule.tasks if not ran[t.index] and t.op not in abi.ROUTED_OPS]
+    ran_list = ran.tolist()  # a Python list: indexing a tensor per task costs seconds at batch 64's 385K tasks
+    missing = [t.index for t in schedule.tasks if not ran_list[t.index] and t.op not in abi.ROUTED_OPS]
     if missing:
         raise ValueError(f"{len(missing)} tasks have no trace record (first: "
                          f"{schedule.tasks[missing[0]].describe()}): the launch did not finish (or was not traced)")
@@ -295,6 +299,97 @@ def after_previous_markdown(rows: list[AfterPrevious]) -> str:
     for r in rows:
         lines.append(f"| {r.wave} | {r.same} | {us(r.same_run_us)} | {us(r.same_inputs_us)} | {r.other} | "
                      f"{us(r.other_run_us)} | {us(r.other_inputs_us)} |")
+    return "\n".join(lines) + "\n"
+
+
+def task_bytes(schedule: Schedule, records: torch.Tensor, bytes_of) -> torch.Tensor:
+    """Each task's share of the bytes its wave moves in its layer (``bytes_of(wave, layer)``; None or 0 for a wave
+    that moves none), shared equally among the wave's tasks of that layer that ran a stage phase (inputs and
+    stages marked: a skipped expert tile or an empty attention split takes none); 0 for every other task."""
+    _, f = record_fields(records)
+    staged = ((f["inputs_ns"] > 0) & (f["stages_ns"] >= f["inputs_ns"])).tolist()
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for t in schedule.tasks:
+        if staged[t.index]:
+            groups[(t.wave, t.layer)].append(t.index)
+    out = torch.zeros(len(schedule.tasks), dtype=torch.float64)
+    for (wave, layer), ix in groups.items():
+        out[ix] = float(bytes_of(wave, layer) or 0.0) / len(ix)
+    return out
+
+
+@dataclasses.dataclass
+class ActivityBin:
+    """One stretch of a layer: medians over the layers of what every task (of any layer) did in it."""
+
+    start_us: float  # after the layer's first task started
+    waiting: float  # SMs whose consumers waited on a task's input barriers (averaged over the stretch)
+    running: float  # SMs running a task: from the end of its wait to its signal
+    consumed_gbs: float  # bytes the consumers took in the stretch: each task's bytes over its stage phase
+
+
+ACTIVITY_BINS_US = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+
+
+def layer_activity(schedule: Schedule, records: torch.Tensor, layers, nbytes: torch.Tensor,
+                   bin_us: float | None = None) -> list[ActivityBin]:
+    """``layers`` cut into stretches of ``bin_us`` (default: the first of ACTIVITY_BINS_US that makes at most 30
+    of them) from each layer's first task's start until its last task's end (the median over the layers);
+    ``nbytes`` each task's bytes (:func:`task_bytes`). A task's bytes are counted while its consumers take them,
+    from its activation rows being staged to its last stage consumed; HBM moved them earlier (the producer runs
+    ahead), so a stretch's rate is a consumption rate."""
+    rec, f = record_fields(records)
+    ran = ran_tasks(schedule, rec)
+    layer_of = torch.tensor([t.layer for t in schedule.tasks], dtype=torch.int64)
+    layers = list(layers)
+    present = set(layer_of[ran].tolist())
+    if not layers or any(layer + 1 not in present for layer in layers):
+        raise ValueError(f"layers {layers}: each needs a following layer in the schedule")
+    idx = ran.nonzero().flatten()
+    wait0, run0, end = f["wait_start_ns"][idx], f["run_start_ns"][idx], f["end_ns"][idx]
+    s0, s1 = f["inputs_ns"][idx], f["stages_ns"][idx]
+    staged = (s0 > 0) & (s1 >= s0)
+    s0, s1 = torch.where(staged, s0, 0), torch.where(staged, s1, 0)
+    share = nbytes.to(torch.float64)[idx]
+    starts, spans = [], []
+    for layer in layers:
+        mine = ran & (layer_of == layer)
+        t0 = int(f["run_start_ns"][mine].min())
+        starts.append(t0)
+        spans.append(int(f["end_ns"][mine].max()) - t0)
+    span = float(torch.tensor(spans, dtype=torch.float64).median())
+    if bin_us is None:
+        bin_us = next((b for b in ACTIVITY_BINS_US if span <= 30 * b * 1e3), ACTIVITY_BINS_US[-1])
+    bin_ns = bin_us * 1e3
+    nbins = max(1, int(-(-span // bin_ns)))
+
+    def overlap(lo, hi, a, b):  # [bins, tasks] ns of [a, b) inside each [lo, hi)
+        return (torch.minimum(b[None, :], hi[:, None]) - torch.maximum(a[None, :], lo[:, None])).clamp(min=0)
+
+    per_layer = []
+    for t0 in starts:
+        near = (end > t0) & (wait0 < t0 + nbins * bin_ns)  # the tasks of this stretch of the step, of any layer
+        a, b, e = wait0[near].double(), run0[near].double(), end[near].double()
+        lo = t0 + bin_ns * torch.arange(nbins, dtype=torch.float64)
+        hi = lo + bin_ns
+        w = overlap(lo, hi, a, b).sum(1) / bin_ns
+        r = overlap(lo, hi, b, e).sum(1) / bin_ns
+        x0, x1 = s0[near].double(), s1[near].double()
+        frac = overlap(lo, hi, x0, x1) / (x1 - x0).clamp(min=1.0)
+        c = (frac * share[near][None, :]).sum(1) / bin_ns  # bytes per ns = GB/s
+        per_layer.append(torch.stack([w, r, c], dim=1))
+    med = torch.stack(per_layer).median(dim=0).values
+    return [ActivityBin(i * bin_us, float(med[i, 0]), float(med[i, 1]), float(med[i, 2])) for i in range(nbins)]
+
+
+def activity_markdown(rows: list[ActivityBin], layers: str, bandwidth: float | None = None) -> str:
+    lines = [f"what the SMs do over a layer ({layers}, medians; us after the layer's first task started; every "
+             "task running then counts, of any layer; consumed: each streaming task's share of its wave's bytes "
+             "spread over its stage phase, when the consumers took the bytes, which HBM moved earlier)", "",
+             "| from us | SMs waiting | SMs running | consumed GB/s | % of copy |", "|---|---|---|---|---|"]
+    for r in rows:
+        pct = f"{100 * r.consumed_gbs * 1e9 / bandwidth:.0f}%" if bandwidth else "-"
+        lines.append(f"| {r.start_us:.0f} | {r.waiting:.0f} | {r.running:.0f} | {r.consumed_gbs:.0f} | {pct} |")
     return "\n".join(lines) + "\n"
 
 
