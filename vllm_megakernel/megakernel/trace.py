@@ -324,7 +324,8 @@ class ActivityBin:
 
     start_us: float  # after the layer's first task started
     waiting: float  # SMs whose consumers waited on a task's input barriers (averaged over the stretch)
-    running: float  # SMs running a task: from the end of its wait to its signal
+    running: float  # SMs whose consumers run a task: from the end of its wait until they are done with it (the
+    # fence and signal after that are the signaller warp's, while the consumers go on to their next task)
     consumed_gbs: float  # bytes the consumers took in the stretch: each task's bytes over its stage phase
 
 
@@ -347,6 +348,7 @@ def layer_activity(schedule: Schedule, records: torch.Tensor, layers, nbytes: to
         raise ValueError(f"layers {layers}: each needs a following layer in the schedule")
     idx = ran.nonzero().flatten()
     wait0, run0, end = f["wait_start_ns"][idx], f["run_start_ns"][idx], f["end_ns"][idx]
+    done = f["compute_end_ns"][idx]
     s0, s1 = f["inputs_ns"][idx], f["stages_ns"][idx]
     staged = (s0 > 0) & (s1 >= s0)
     s0, s1 = torch.where(staged, s0, 0), torch.where(staged, s1, 0)
@@ -369,7 +371,7 @@ def layer_activity(schedule: Schedule, records: torch.Tensor, layers, nbytes: to
     per_layer = []
     for t0 in starts:
         near = (end > t0) & (wait0 < t0 + nbins * bin_ns)  # the tasks of this stretch of the step, of any layer
-        a, b, e = wait0[near].double(), run0[near].double(), end[near].double()
+        a, b, e = wait0[near].double(), run0[near].double(), done[near].double()
         lo = t0 + bin_ns * torch.arange(nbins, dtype=torch.float64)
         hi = lo + bin_ns
         w = overlap(lo, hi, a, b).sum(1) / bin_ns
