@@ -21,4 +21,11 @@ for b in 1 8; do
     --iters 30 --variant base=probes/base.so "${probes[@]}" --out $res/b$b > $res/b$b.log 2>&1
   echo "b$b rc=$? ($(( $(date +%s) - start )) s)"; cat $res/b$b/table.md 2>/dev/null || tail -5 $res/b$b.log
 done
+# every task's record of base's traced launch at batch 1 (traces.pt, ~1 MB), for reading offline with the
+# trace module (layer_activity and the rest) without device time
+cp probes/base.so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
+left=$(( limit - ($(date +%s) - start) - 10 ))
+[ $left -gt 40 ] && timeout $left python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 \
+  --iters 10 --save-traces --out $res/profile-b1 > $res/profile-b1.log 2>&1
+echo "profile b1 rc=$? ($(( $(date +%s) - start )) s)"; ls $res/profile-b1 2>/dev/null
 cd $OUT && tar czf r.tgz r && rm -rf r
