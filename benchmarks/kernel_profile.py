@@ -164,7 +164,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     distinct = statistics.mean(distinct_in.values())
     # what the SMs do over a layer, with each task's share of its wave's bytes (the layer's own distinct experts)
     i_moe, i_dense = weights.intermediates()
-    seq_lens = [int(n) for n in inp.seq_lens.tolist()]
+    seq_lens = inp.seq_lens.tolist()
     nbytes = trace.task_bytes(sched, rec, lambda wave, layer: layer_wave_bytes(
         dims, i_moe, i_dense, layer, seq_lens, distinct_in.get(layer, 0), wave))
     activity = trace.layer_activity(sched, rec, middle, nbytes)
@@ -208,8 +208,8 @@ def layer_wave_bytes(dims, moe_intermediate: int, dense_intermediate: int, layer
     not counted): ``seq_lens`` each request's tokens including the new one (0 for padding), ``distinct`` the
     layer's distinct experts. None where the layer has no such wave (a dense layer's router), 0 for a wave that
     moves no weights (combines, top-k, norm)."""
-    if wave not in ("router", "qkv", "o_proj", "mlp_up", "mlp_down", "attn_partial"):
-        return 0  # the final norm's pseudo-layer too
+    if layer >= dims.num_layers:
+        return 0  # the final norm's pseudo-layer: no weights streamed
     h, d = dims.hidden, dims.head_dim
     dense = dims.dense[layer]
     window = dims.sliding_window if dims.sliding[layer] else None
@@ -221,7 +221,7 @@ def layer_wave_bytes(dims, moe_intermediate: int, dense_intermediate: int, layer
         "mlp_up": 2 * dense_intermediate * h if dense else distinct * 2 * moe_intermediate * h,
         "mlp_down": h * dense_intermediate if dense else distinct * h * moe_intermediate,
         "attn_partial": tokens * 2 * dims.num_kv_heads * d,
-    }[wave]
+    }.get(wave, 0)
     return None if n is None else 2 * n
 
 

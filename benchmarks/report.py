@@ -65,16 +65,15 @@ def _k(n: int) -> str:
 def markdown(result: dict) -> str:
     rows = summarize(result)
     lines = []
-    if "megakernel" not in result["sides"]:
+    mk = result["sides"].get("megakernel")
+    if mk is None:
         lines.append("**Stock vLLM only**: this run had no megakernel side.\n")
     elif not any(c["side"] == "megakernel" and c["status"] == "ok" for c in result["cases"]):
         # an engine stopped (a time limit, a crash) before its first case decided nothing: saying that it ran
         # stock vLLM would misread a run cut short as a fallback
-        mk = result["sides"]["megakernel"]
         lines.append(f"**The megakernel side has no numbers** ({mk.get('decision', 'no decision recorded')}): "
                      "no speedup was measured.\n")
-    elif not result["sides"]["megakernel"].get("use_megakernel", False):
-        mk = result["sides"]["megakernel"]
+    elif not mk.get("use_megakernel", False):
         lines.append(f"**The megakernel side ran stock vLLM** ({mk.get('decision', 'no decision recorded')}): "
                      "its numbers are a second stock measurement, not a speedup.\n")
     env = result.get("env", {})

@@ -148,7 +148,7 @@ class LayerWave:
 def _tasks_by_layer(schedule: Schedule, rec: torch.Tensor, layers) -> tuple[dict[int, dict[str, list[int]]], list[int]]:
     """({layer: {wave: indices of its tasks that ran}}, ``layers`` as a list), refusing layers without a
     following layer (a layer's times are read against the next one's start)."""
-    ran = ran_tasks(schedule, rec)
+    ran = ran_tasks(schedule, rec).tolist()  # a list: indexing a tensor per task is slow at 385K tasks
     by_layer: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for t in schedule.tasks:
         if ran[t.index]:
@@ -302,12 +302,17 @@ def after_previous_markdown(rows: list[AfterPrevious]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _staged(f: dict[str, torch.Tensor]) -> torch.Tensor:
+    """bool per task: it marked a stage phase (its activation rows staged, then its last stage consumed)."""
+    return (f["inputs_ns"] > 0) & (f["stages_ns"] >= f["inputs_ns"])
+
+
 def task_bytes(schedule: Schedule, records: torch.Tensor, bytes_of) -> torch.Tensor:
     """Each task's share of the bytes its wave moves in its layer (``bytes_of(wave, layer)``; None or 0 for a wave
     that moves none), shared equally among the wave's tasks of that layer that ran a stage phase (inputs and
     stages marked: a skipped expert tile or an empty attention split takes none); 0 for every other task."""
     _, f = record_fields(records)
-    staged = ((f["inputs_ns"] > 0) & (f["stages_ns"] >= f["inputs_ns"])).tolist()
+    staged = _staged(f).tolist()
     groups: dict[tuple[str, int], list[int]] = defaultdict(list)
     for t in schedule.tasks:
         if staged[t.index]:
@@ -340,22 +345,17 @@ def layer_activity(schedule: Schedule, records: torch.Tensor, layers, nbytes: to
     from its activation rows being staged to its last stage consumed; HBM moved them earlier (the producer runs
     ahead), so a stretch's rate is a consumption rate."""
     rec, f = record_fields(records)
-    ran = ran_tasks(schedule, rec)
-    layer_of = torch.tensor([t.layer for t in schedule.tasks], dtype=torch.int64)
-    layers = list(layers)
-    present = set(layer_of[ran].tolist())
-    if not layers or any(layer + 1 not in present for layer in layers):
-        raise ValueError(f"layers {layers}: each needs a following layer in the schedule")
-    idx = ran.nonzero().flatten()
+    by_layer, layers = _tasks_by_layer(schedule, rec, layers)
+    idx = ran_tasks(schedule, rec).nonzero().flatten()
     wait0, run0, end = f["wait_start_ns"][idx], f["run_start_ns"][idx], f["end_ns"][idx]
     done = f["compute_end_ns"][idx]
-    s0, s1 = f["inputs_ns"][idx], f["stages_ns"][idx]
-    staged = (s0 > 0) & (s1 >= s0)
-    s0, s1 = torch.where(staged, s0, 0), torch.where(staged, s1, 0)
+    staged = _staged(f)[idx]
+    s0 = torch.where(staged, f["inputs_ns"][idx], 0)
+    s1 = torch.where(staged, f["stages_ns"][idx], 0)
     share = nbytes.to(torch.float64)[idx]
     starts, spans = [], []
     for layer in layers:
-        mine = ran & (layer_of == layer)
+        mine = [i for ix in by_layer[layer].values() for i in ix]
         t0 = int(f["run_start_ns"][mine].min())
         starts.append(t0)
         spans.append(int(f["end_ns"][mine].max()) - t0)
