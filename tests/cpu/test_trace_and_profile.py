@@ -78,7 +78,7 @@ def test_task_bytes_share_a_waves_bytes_among_its_tasks_that_streamed(dims):
     rec = synthetic_records(sched, {w: 1000 for w in waves}, {w: 500 for w in waves})
     bytes_of = lambda wave, layer: None if wave == "router" else 1000.0 * (layer + 1) + len(wave)
     nb = trace.task_bytes(sched, rec, bytes_of)
-    layer = trace.middle_moe_layers(dims)[0] if trace.middle_moe_layers(dims) else 1
+    layer = next(i for i in range(dims.num_layers - 1) if not dims.dense[i])
     qkv = [t.index for t in sched.tasks if t.layer == layer and t.wave == "qkv"]
     assert len(qkv) > 1 and all(float(nb[i]) == pytest.approx(bytes_of("qkv", layer) / len(qkv)) for i in qkv)
     assert all(float(nb[t.index]) == 0.0 for t in sched.tasks if t.wave == "router")
