@@ -121,6 +121,27 @@ def test_layer_activity_counts_waiting_and_running_sms_and_the_bytes_taken(dims)
         trace.layer_activity(sched, rec, [dims.num_layers], nb)  # the final norm: nothing follows it
 
 
+def test_every_layer_table_is_the_same_on_globaltimer_sized_stamps(dims):
+    """A real trace's stamps are globaltimer nanoseconds (~1.76e18 on the H200 of session X), not the synthetic
+    records' 1e6: a table that compares them with a Python float (promoted to float32) or keeps them in float64
+    (256 ns steps) comes out wrong, as the activity table did on its first GPU run (all zeros). Shifting every
+    stamp by such an offset changes none of the tables."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 1000 + 37 * i for i, w in enumerate(waves)}, {w: 500 for w in waves})
+    shifted = rec.clone()
+    stamps = [abi.TRACE_FIELDS.index(n) for n in abi.TRACE_FIELDS if n.endswith("_ns")]
+    shifted[:, stamps] += torch.where(rec[:, stamps] > 0, 1_764_830_000_000_000_001, 0)
+    layers = [i for i in range(dims.num_layers - 1) if not dims.dense[i]]
+    nb = trace.task_bytes(sched, rec, lambda wave, lay: 64.0 * (1 + waves.index(wave)))
+    for table in (lambda r: trace.layer_activity(sched, r, layers, nb, bin_us=0.1),
+                  lambda r: trace.layer_timeline(sched, r, layers), lambda r: trace.layer_ends(sched, r, layers),
+                  lambda r: trace.summarize(sched, r)):
+        plain = table(rec)
+        assert table(shifted) == plain
+    assert any(r.running > 0 for r in trace.layer_activity(sched, shifted, layers, nb, bin_us=0.1))
+
+
 def test_layer_ends_say_when_the_sms_finish_a_layer_and_with_which_wave(dims):
     """Per SM, its last task of the layer: every SM of the layer counts once, the last one ends with the
     layer's last wave, and one SM held up 7 us at the end of every layer moves only the last SM's end and

@@ -347,18 +347,25 @@ def layer_activity(schedule: Schedule, records: torch.Tensor, layers, nbytes: to
     rec, f = record_fields(records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     idx = ran_tasks(schedule, rec).nonzero().flatten()
-    wait0, run0, end = f["wait_start_ns"][idx], f["run_start_ns"][idx], f["end_ns"][idx]
-    done = f["compute_end_ns"][idx]
+    # Every time from here on is float64 ns after the step's first wait. The records are globaltimer stamps
+    # (~1.8e18 ns): compared with a Python float they would be promoted to float32 (2^37 ns steps) and even as
+    # float64 they would round to 256 ns; after the subtraction they are small integers, exact in float64.
+    base = int(f["wait_start_ns"][idx].min())
+
+    def since(name):
+        return (f[name] - base).to(torch.float64)
+
+    wait0, run0, end, done = (since(n)[idx] for n in ("wait_start_ns", "run_start_ns", "end_ns", "compute_end_ns"))
     staged = _staged(f)[idx]
-    s0 = torch.where(staged, f["inputs_ns"][idx], 0)
-    s1 = torch.where(staged, f["stages_ns"][idx], 0)
+    s0 = torch.where(staged, since("inputs_ns")[idx], 0.0)
+    s1 = torch.where(staged, since("stages_ns")[idx], 0.0)
     share = nbytes.to(torch.float64)[idx]
     starts, spans = [], []
     for layer in layers:
         mine = [i for ix in by_layer[layer].values() for i in ix]
-        t0 = int(f["run_start_ns"][mine].min())
+        t0 = int(f["run_start_ns"][mine].min()) - base
         starts.append(t0)
-        spans.append(int(f["end_ns"][mine].max()) - t0)
+        spans.append(int(f["end_ns"][mine].max()) - base - t0)
     span = float(torch.tensor(spans, dtype=torch.float64).median())
     if bin_us is None:
         bin_us = next((b for b in ACTIVITY_BINS_US if span <= 30 * b * 1e3), ACTIVITY_BINS_US[-1])
