@@ -14,9 +14,10 @@ each is a comma-separated list of StepShape choices (its fields but batch, num_s
 attn_min_tiles, combine_heads, norm, order: a schedule.WAVE_ORDERS name, expert_claims: 0 or 1, o_within_down:
 a fraction, deal: a schedule.DEALS name, moe_combine_cols, combine_in_norm: 0 or 1, qkv_batch_split, o_batch_split) and GEMM
 task sizes (layout.GemmTiles fields), or "default". With --out the report is also written there after every
-row (report.md and profile.json; with --save-traces also traces.pt: every task's trace record of the first
-schedule's traced launches). Each row also records the SM clock and nvidia-smi's clock-event reasons just
-before and after its timed launches (batch 1 is latency-bound: a lowered clock shows there first).
+row (report.md and profile.json; with --save-traces also traces.pt: every task's trace record of each
+row's traced launch, on the first placement; `--model M --reread DIR` computes the tables that read them
+again, on the CPU, into DIR/reread.md). Each row also records the SM clock and nvidia-smi's clock-event
+reasons just before and after its timed launches (batch 1 is latency-bound: a lowered clock shows there first).
 """
 
 from __future__ import annotations
@@ -142,9 +143,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     """One traced launch of ``sched`` (with the routing log) on ``ext`` (default the package's extension): the
     report's per-wave table, layer timeline, SMs' layer ends, split by previous opcode, what the SMs do over a
     layer, the distinct experts the kernel chose, and every task's record (``task_trace``)."""
-    import torch
-
-    from vllm_megakernel.megakernel import abi, runtime, trace
+    from vllm_megakernel.megakernel import runtime, trace
     from vllm_megakernel.megakernel.schedule import ROUTING_WAVES
 
     traced = runtime.build_step(sched, weights, inp, route_log=True, trace=True)
@@ -162,22 +161,9 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     moe = [i for i in range(dims.num_layers) if not dims.dense[i]]
     distinct_in = {i: len(set(chosen[i].flatten().tolist())) for i in moe}
     distinct = statistics.mean(distinct_in.values())
-    # what the SMs do over a layer, with each task's share of its wave's bytes (the layer's own distinct experts)
     i_moe, i_dense = weights.intermediates()
-    seq_lens = inp.seq_lens.tolist()
-    nbytes = trace.task_bytes(sched, rec, lambda wave, layer: layer_wave_bytes(
-        dims, i_moe, i_dense, layer, seq_lens, distinct_in.get(layer, 0), wave))
-    activity = trace.layer_activity(sched, rec, middle, nbytes)
-    _, col = trace.record_fields(rec)
-    time_fields = tuple(f for f in abi.TRACE_FIELDS if f.endswith("_ns"))  # not the block, not the physical SM
-    times = torch.stack([col[name] for name in time_fields], dim=1)
-    t0 = int(col["wait_start_ns"][ran].min())
-    # times after the step's first wait; -1 where a task left a field unmarked (or never ran)
-    trace_times = torch.where(times > 0, times - t0, -1)
-    task_trace = {"sm": col["sm"].to(torch.int16), "smid": col["smid"].to(torch.int16),
-                  "times_ns": trace_times.to(torch.int32), "time_fields": time_fields,
-                  "op": torch.tensor(ops, dtype=torch.int16),
-                  "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16), "waves": waves}
+    activity = layer_activity_of(dims, i_moe, i_dense, sched, rec, inp.seq_lens.tolist(), distinct_in)
+    task_trace = task_trace_of(sched, rec)
     # where the hardware put the blocks, and the routing's blocks on the timeline's first layer: batch 1's
     # speed differs between processes with the routing chain (PERF_LOG #93)
     routing = {w: trace.wave_physical_sms(sched, rec, middle[0], w) for w in ROUTING_WAVES}
@@ -191,6 +177,92 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
             "activity": {"layers": f"MoE layers {middle[0]}-{middle[-1]}",
                          "bins": [dataclasses.asdict(r) for r in activity]},
             "task_trace": task_trace}
+
+
+def layer_activity_of(dims, i_moe: int, i_dense: int, sched, rec, seq_lens: list[int], distinct_in: dict):
+    """What the SMs do over the middle MoE layers (trace.layer_activity), each task with its share of the bytes
+    its wave moves in its layer (``distinct_in``: the layer's distinct experts, from the routing log)."""
+    from vllm_megakernel.megakernel import trace
+
+    nbytes = trace.task_bytes(sched, rec, lambda wave, layer: layer_wave_bytes(
+        dims, i_moe, i_dense, layer, seq_lens, distinct_in.get(layer, 0), wave))
+    return trace.layer_activity(sched, rec, trace.middle_moe_layers(dims), nbytes)
+
+
+def task_trace_of(sched, rec) -> dict:
+    """Every task's record in the form traces.pt keeps (--save-traces): the six times after the step's first
+    wait (int32 ns; -1 where a task left a field unmarked or never ran), the block, the physical SM, and each
+    task's opcode, layer and wave. records_of() turns it back into records."""
+    import torch
+
+    from vllm_megakernel.megakernel import abi, trace
+
+    _, col = trace.record_fields(rec)
+    ran = trace.ran_tasks(sched, rec)
+    time_fields = tuple(f for f in abi.TRACE_FIELDS if f.endswith("_ns"))  # not the block, not the physical SM
+    times = torch.stack([col[name] for name in time_fields], dim=1)
+    t0 = int(col["wait_start_ns"][ran].min())
+    trace_times = torch.where(times > 0, times - t0, -1)
+    return {"sm": col["sm"].to(torch.int16), "smid": col["smid"].to(torch.int16),
+            "times_ns": trace_times.to(torch.int32), "time_fields": time_fields,
+            "op": torch.tensor([int(t.op) for t in sched.tasks], dtype=torch.int16),
+            "layer": torch.tensor([t.layer for t in sched.tasks], dtype=torch.int16),
+            "waves": [t.wave for t in sched.tasks]}
+
+
+# records_of() puts a saved trace's times after this stamp: 0 still means "not marked", as in a live trace
+REREAD_T0_NS = 1 << 20
+
+
+def records_of(task_trace: dict):
+    """The int64 records (abi.TRACE_FIELDS columns) of a task_trace_of() dict: its times after REREAD_T0_NS."""
+    import torch
+
+    from vllm_megakernel.megakernel import abi
+
+    n = len(task_trace["waves"])
+    rec = torch.zeros(n, len(abi.TRACE_FIELDS), dtype=torch.int64)
+    rec[:, abi.TRACE_FIELDS.index("sm")] = task_trace["sm"].long()
+    rec[:, abi.TRACE_FIELDS.index("smid")] = task_trace["smid"].long()
+    for j, name in enumerate(task_trace["time_fields"]):
+        t = task_trace["times_ns"][:, j].long()
+        rec[:, abi.TRACE_FIELDS.index(name)] = torch.where(t >= 0, t + REREAD_T0_NS, 0)
+    return rec
+
+
+def reread(out: Path, config: dict) -> str:
+    """The tables that are computed from every task's record, again, from a run's traces.pt and profile.json
+    (--save-traces), without a GPU: today what the SMs do over a layer. The schedule is rebuilt from the row's
+    batch, schedule and the trace's SM count, and must have the trace's tasks in the trace's order."""
+    import torch
+
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel import trace
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+
+    dims = ref.ModelDims.from_config(config)
+    i_moe, i_dense = config["intermediate_size"], config.get("prefix_dense_intermediate_size") or 0
+    profile = json.loads((out / "profile.json").read_text())
+    rows = [r for r in profile["results"] if not r.get("placement")]  # traces.pt holds each of their records
+    traces = torch.load(out / "traces.pt", weights_only=False)
+    if len(traces) != len(rows):
+        raise ValueError(f"{out}: {len(traces)} traces for {len(rows)} rows of the first placement")
+    text = []
+    for r, tt in zip(rows, traces):
+        shape = StepShape(batch=r["batch"], num_sms=int(tt["sm"].max()) + 1, **parse_schedule(r["schedule"]))
+        sched = build_schedule(dims, shape, i_moe, i_dense)
+        if [t.wave for t in sched.tasks] != tt["waves"]:
+            raise ValueError(f"{out}: batch {r['batch']}'s rebuilt schedule ({len(sched.tasks)} tasks) is not the "
+                             f"traced one ({len(tt['waves'])} tasks): the schedule code changed since the run")
+        rec = records_of(tt)
+        # the routing log's distinct experts are kept only as their mean: every MoE layer gets it
+        distinct_in = {i: r["distinct_experts"] for i in range(dims.num_layers) if not dims.dense[i]}
+        bins = layer_activity_of(dims, i_moe, i_dense, sched, rec, [r["context"] + 1] * r["batch"], distinct_in)
+        layers = trace.middle_moe_layers(dims)
+        text += [f"### batch {r['batch']}, context {r['context']}, schedule {row_label(r)}", "",
+                 trace.activity_markdown(bins, f"MoE layers {layers[0]}-{layers[-1]}",
+                                         profile["bandwidth_bytes_per_s"])]
+    return "\n".join(text)
 
 
 def kernel_bytes(config: dict, context: int, batch: int, distinct: float) -> float:
@@ -339,9 +411,18 @@ def main(argv=None) -> None:
                          "land at other addresses (A/B runs in separate processes have disagreed by 12-18%% at "
                          "batch 1; this tells a placement effect from one of the process)")
     ap.add_argument("--save-traces", action="store_true",
-                    help="also write traces.pt (every task's record of the first schedule's traced launches, "
-                         "about 1 MB a batch size); the report already holds the per-wave table and a layer's timeline")
+                    help="also write traces.pt (every task's record of each row's traced launch on the first "
+                         "placement, about 1 MB a row at batch 1), for --reread and the trace module offline")
+    ap.add_argument("--reread", type=Path, metavar="DIR",
+                    help="no GPU: compute the tables that read every task's record again from DIR's traces.pt and "
+                         "profile.json (a run with --save-traces), write them to DIR/reread.md and print them")
     args = ap.parse_args(argv)
+    if args.reread:
+        config = json.loads((Path(args.model) / "config.json").read_text())
+        text = reread(args.reread, config)
+        (args.reread / "reread.md").write_text(text)
+        print(text)
+        return
     if args.placements < 1:
         ap.error("--placements must be at least 1")
 
@@ -390,8 +471,7 @@ def main(argv=None) -> None:
                 torch.cuda.empty_cache()
     del pad
     traces = [r.pop("task_trace") for r in results]
-    traces = [t for t, r in zip(traces, results)  # the first schedule's, on the first placement
-              if r["schedule"] == schedules[0] and not r.get("placement")]
+    traces = [t for t, r in zip(traces, results) if not r.get("placement")]  # every schedule's, on the first placement
     text = write(results)
     if args.out and args.save_traces:
         torch.save(traces, args.out / "traces.pt")

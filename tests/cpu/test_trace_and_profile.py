@@ -551,3 +551,39 @@ def test_traced_launch_reports_times_from_the_time_fields_and_where_the_blocks_r
     bins = out["activity"]["bins"]
     assert bins and max(b["consumed_gbs"] for b in bins) > 0 and max(b["running"] for b in bins) > 0
     assert all(b["running"] >= 0 and b["waiting"] >= 0 for b in bins)
+
+
+
+def test_reread_gives_the_activity_table_of_the_run_from_its_saved_records(dims, monkeypatch, tmp_path):
+    """kernel_profile --reread on a run's profile.json and traces.pt (what --save-traces writes) rebuilds the
+    schedule, turns the saved times back into records (the same records, up to the step's first wait) and gives
+    the activity table the run's own report had; a trace whose tasks are not the rebuilt schedule's is refused."""
+    import json
+
+    from benchmarks import kernel_profile
+    from conftest import TINY_CONFIG as config_dir
+
+    sched = build_schedule(dims, StepShape(batch=1, num_sms=6, attn_min_tiles=1), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 900 + 50 * i for i, w in enumerate(waves)}, {w: 100 for w in waves})
+    rec[:, 1:7] += torch.where(rec[:, 1:7] > 0, 1_764_830_000_000_000_000, 0)  # globaltimer-sized stamps
+    tt = kernel_profile.task_trace_of(sched, rec)
+    back = kernel_profile.records_of(tt)
+    stamps = [abi.TRACE_FIELDS.index(n) for n in abi.TRACE_FIELDS if n.endswith("_ns")]
+    first = int(rec[:, abi.TRACE_FIELDS.index("wait_start_ns")].min())
+    assert torch.equal(back[:, stamps], rec[:, stamps] - first + kernel_profile.REREAD_T0_NS)
+    assert torch.equal(back[:, [0, 7]], rec[:, [0, 7]])
+    config = json.loads((config_dir / "config.json").read_text())
+    moe = {i: 8.0 for i in range(dims.num_layers) if not dims.dense[i]}
+    bins = kernel_profile.layer_activity_of(dims, TINY_I, TINY_DENSE_I, sched, rec, [4097], moe)
+    row = {"batch": 1, "context": 4096, "schedule": "attn_min_tiles=1", "distinct_experts": 8.0}
+    (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12, "results": [row]}))
+    torch.save([tt], tmp_path / "traces.pt")
+    text = kernel_profile.reread(tmp_path, config)
+    layers = trace.middle_moe_layers(dims)
+    assert trace.activity_markdown(bins, f"MoE layers {layers[0]}-{layers[-1]}", 1e12) in text
+    assert max(b.consumed_gbs for b in bins) > 0
+    (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12,
+                                                       "results": [{**row, "batch": 2}]}))
+    with pytest.raises(ValueError, match="not the traced one"):
+        kernel_profile.reread(tmp_path, config)
