@@ -151,7 +151,11 @@ def bench_command(args, concurrency: int, out_dir: Path, name: str) -> list[str]
             "--save-result", "--result-dir", str(out_dir), "--result-filename", name]
 
 
-def run_side(side: str, args, out_dir: Path) -> dict:
+def run_side(side: str, args, out_dir: Path, save=lambda partial: None) -> dict:
+    """One side: its server, then each concurrency level. ``save`` gets the side's result so far after every
+    level, marked as stopped before the next one, so that a run a time limit kills keeps what it measured
+    (session X lost the megakernel side's table that way: its levels' bench files were there, its side file
+    was not)."""
     log_path = out_dir / f"server-{side}.log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", args.model, "--served-model-name", "nmc",
            "--host", "127.0.0.1", "--port", str(args.port), "--load-format", args.load_format,
@@ -167,6 +171,11 @@ def run_side(side: str, args, out_dir: Path) -> dict:
                 name = f"bench-{side}-c{c}.json"
                 subprocess.run(bench_command(args, c, out_dir, name), check=True)
                 rows.append(bench_row(json.loads((out_dir / name).read_text())))
+                left = args.concurrency[len(rows):]
+                if left:
+                    save({"rows": list(rows), "error": f"stopped before concurrency {left[0]} (the run ended "
+                                                       "there: a time limit or a crash)",
+                          "peak_gpu_gib": sampler.peak_gib, **parse_server_log(log_path.read_text())})
                 print(f"[{side}] concurrency {c}: {rows[-1]['output_tok_s']:.0f} output tok/s", flush=True)
     except ServerError as e:
         return {"error": f"{e}".splitlines()[0] + f"; see {log_path}"}
@@ -214,8 +223,11 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join([sys.executable, "-m", "benchmarks.serve_load"] + (argv or sys.argv[1:]))
     for side in sides:
-        result = {"command": command, "settings": settings_of(args), **run_side(side, args, args.out)}
-        write_json_atomic(args.out / f"side-{side}.json", result, indent=1)
+        def save(partial, side=side):
+            write_json_atomic(args.out / f"side-{side}.json",
+                              {"command": command, "settings": settings_of(args), **partial}, indent=1)
+
+        save(run_side(side, args, args.out, save))
     try:
         summary = summary_of(args.out)
     except ValueError as e:

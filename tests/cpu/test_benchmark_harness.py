@@ -578,6 +578,37 @@ def test_serving_sides_run_apart_are_reported_together(tmp_path):
         serve_load.summary_of(tmp_path)
 
 
+def test_a_serving_side_stopped_between_levels_keeps_the_levels_it_measured(tmp_path, monkeypatch):
+    """serve_load writes the side's file after every level: a run killed in its third level (here the bench
+    command raises, as a time limit's kill would end the process there) leaves the first two levels in
+    side-megakernel.json, marked as stopped before the third, and the table shows them."""
+    import contextlib
+
+    from benchmarks import serve_load
+
+    monkeypatch.setattr(serve_load, "served", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
+
+    def bench(cmd, check):
+        c = int(cmd[cmd.index("--max-concurrency") + 1])
+        if c == 32:
+            raise RuntimeError("killed by the time limit")
+        (tmp_path / f"bench-megakernel-c{c}.json").write_text(json.dumps(
+            {"max_concurrency": c, "completed": 8 * c, "failed": 0, "output_throughput": 100.0 * c,
+             "median_tpot_ms": 2.5 + c, "median_ttft_ms": 100.0}))
+
+    monkeypatch.setattr(serve_load.subprocess, "run", bench)
+    (tmp_path / "server-megakernel.log").write_text("GPU KV cache size: 1,234 tokens\n")
+    with pytest.raises(RuntimeError, match="time limit"):
+        serve_load.main(["--model", "m", "--concurrency", "1,8,32", "--sides", "megakernel", "--out", str(tmp_path)])
+    side = json.loads((tmp_path / "side-megakernel.json").read_text())
+    assert [r["concurrency"] for r in side["rows"]] == [1, 8] and side["kv_cache_tokens"] == 1234
+    assert side["error"].startswith("stopped before concurrency 32")
+    assert side["settings"]["concurrency"] == [1, 8, 32]
+    table = serve_load.markdown(serve_load.summary_of(tmp_path))
+    assert "| megakernel | 8 | 64 / 0 | 800 | 10.50 | 100.0 |" in table and "stopped before concurrency 32" in table
+
+
 def test_each_serving_level_is_one_vllm_bench_serve_run_with_an_unmeasured_warm_up_wave(tmp_path):
     """The command is parsed by vLLM 0.24's own `vllm bench serve` argument parser, so a flag it does not
     know, or a value it would read differently, fails here rather than on the GPU host."""
