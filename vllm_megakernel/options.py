@@ -8,8 +8,9 @@ Accepted keys:
   GPU tests (greedy decoding through both CUDA-graph modes, stock equivalence, the server: session U; stepwise
   against stock: session T) passed on it (benchmarks/results/h200-2026-12-03-v2-session-u and
   benchmarks/results/h200-2026-12-03-v2-session-t); on ABI 14 the kernel tests, the local-routing sanitizer
-  case and every vLLM-stage test passed (session W: benchmarks/results/h200-2026-12-04-v2-session-w;
-  AUTOMATIC_DEFAULT below).
+  case and every vLLM-stage test passed (session W: benchmarks/results/h200-2026-12-04-v2-session-w), and
+  the sanitizer's default cases (session X: benchmarks/results/h200-2026-12-04-v2-session-x; AUTOMATIC_DEFAULT
+  below).
 - ``strict``: ``true`` turns every fallback to stock into an error.
 - ``max_batch``: the largest decode batch the megakernel takes (1 to the kernel's 64); larger decode
   batches run vLLM's stock forward, captured in the same CUDA graphs (each graph holds the path its batch
@@ -55,8 +56,8 @@ CONFIG_KEY = "megakernel"
 # a placement that gives bit-equal outputs). Session V's ABI 14 (ROUTER_TOPK's code shared with the local-routing
 # producers, the scores kept per layer) passed the kernel tests and the local-routing sanitizer case
 # (benchmarks/results/h200-2026-12-04-v2-local-routing), and in session W every vLLM-stage test above
-# (benchmarks/results/h200-2026-12-04-v2-session-w; the sanitizer's two default cases have not run again on
-# it). A kernel change that has not been through those tests again may set it back to False: then
+# (benchmarks/results/h200-2026-12-04-v2-session-w), and in session X the sanitizer's two default cases
+# (memcheck, racecheck, synccheck; benchmarks/results/h200-2026-12-04-v2-session-x). A kernel change that has not been through those tests again may set it back to False: then
 # ``enabled: true`` opts in,
 # everything else is stock vLLM, and the log line says how to opt in (OPT_IN_REASON).
 AUTOMATIC_DEFAULT = True
@@ -66,13 +67,13 @@ OPT_IN_REASON = ("the megakernel is opt-in until vLLM's GPU tests have passed on
 # The largest decode batch measured at least as fast as stock vLLM -- together with every smaller batch
 # measured -- in the committed sweeps below (8K, the weights' own routing; a batch measured in several counts
 # from the last folder listed): batch 1-16 on the current kernel (session V, csrc/ as at 9df348d: 1.86 / 1.63 /
-# 1.46 / 1.35 / 1.15x at batch 1 / 2 / 4 / 8 / 16), batch 32 and 64 on session S's (the L2 evict-first copies,
-# whose schedule at those batches the later changes left as it was: 1.09 / 1.06x). A CPU test recomputes it
-# from their results.json files. Older kernels' sweeps stay in benchmarks/results (the README names them).
+# 1.46 / 1.35 / 1.15x at batch 1 / 2 / 4 / 8 / 16), batch 32 and 64 on it too (session X: 1.06 / 1.04x; session
+# S's kernel measured 1.09 / 1.06x there). A CPU test recomputes it from their results.json files. Older kernels' sweeps stay in benchmarks/results (the README names them).
 MEASURED_MAX_BATCH = 64
 MEASURED_IN = ("benchmarks/results/h200-2026-12-03-v2-l2-hints/call3/sweep",
                "benchmarks/results/h200-2026-12-03-v2-l2-hints/call4/sweep",
-               "benchmarks/results/h200-2026-12-04-v2-local-routing/call3/sweep")
+               "benchmarks/results/h200-2026-12-04-v2-local-routing/call3/sweep",
+               "benchmarks/results/h200-2026-12-04-v2-session-x/call3/sweep")
 KERNEL_MAX_BATCH = KERNEL["max_batch"]
 
 _FIELDS: dict[str, type] = {"enabled": bool, "strict": bool, "max_batch": int}
