@@ -589,6 +589,17 @@ def test_a_serving_side_stopped_between_levels_keeps_the_levels_it_measured(tmp_
     monkeypatch.setattr(serve_load, "served", lambda *a, **k: contextlib.nullcontext())
     monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
 
+    class NoSampler:  # no nvidia-smi here (and subprocess.run is the bench stand-in below)
+        peak_gib = None
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(serve_load, "GpuMemorySampler", NoSampler)
+
     def bench(cmd, check):
         c = int(cmd[cmd.index("--max-concurrency") + 1])
         if c == 32:
