@@ -163,6 +163,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     distinct = statistics.mean(distinct_in.values())
     i_moe, i_dense = weights.intermediates()
     activity = layer_activity_of(dims, i_moe, i_dense, sched, rec, inp.seq_lens.tolist(), distinct_in)
+    hops = trace.layer_hops(sched, rec, middle)
     task_trace = task_trace_of(sched, rec)
     # where the hardware put the blocks, and the routing's blocks on the timeline's first layer: batch 1's
     # speed differs between processes with the routing chain (PERF_LOG #93)
@@ -176,6 +177,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
             "after_previous": [dataclasses.asdict(r) for r in previous],
             "activity": {"layers": f"MoE layers {middle[0]}-{middle[-1]}",
                          "bins": [dataclasses.asdict(r) for r in activity]},
+            "hops": [dataclasses.asdict(r) for r in hops],
             "task_trace": task_trace}
 
 
@@ -232,8 +234,9 @@ def records_of(task_trace: dict):
 
 def reread(out: Path, config: dict) -> str:
     """The tables that are computed from every task's record, again, from a run's traces.pt and profile.json
-    (--save-traces), without a GPU: today what the SMs do over a layer. The schedule is rebuilt from the row's
-    batch, schedule and the trace's SM count, and must have the trace's tasks in the trace's order."""
+    (--save-traces), without a GPU: what the SMs do over a layer, and the signal-to-run hops. The schedule is
+    rebuilt from the row's batch, schedule and the trace's SM count, and must have the trace's tasks in the
+    trace's order."""
     import torch
 
     from vllm_megakernel import reference as ref
@@ -259,9 +262,10 @@ def reread(out: Path, config: dict) -> str:
         distinct_in = {i: r["distinct_experts"] for i in range(dims.num_layers) if not dims.dense[i]}
         bins = layer_activity_of(dims, i_moe, i_dense, sched, rec, [r["context"] + 1] * r["batch"], distinct_in)
         layers = trace.middle_moe_layers(dims)
+        named = f"MoE layers {layers[0]}-{layers[-1]}"
         text += [f"### batch {r['batch']}, context {r['context']}, schedule {row_label(r)}", "",
-                 trace.activity_markdown(bins, f"MoE layers {layers[0]}-{layers[-1]}",
-                                         profile["bandwidth_bytes_per_s"])]
+                 trace.activity_markdown(bins, named, profile["bandwidth_bytes_per_s"]),
+                 trace.hops_markdown(trace.layer_hops(sched, rec, layers), named)]
     return "\n".join(text)
 
 
@@ -391,6 +395,10 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
 
             lines += ["", activity_markdown([ActivityBin(**b) for b in r["activity"]["bins"]],
                                             r["activity"]["layers"], bandwidth).rstrip("\n")]
+        if "hops" in r:  # nor the signal-to-run hops (session X)
+            from vllm_megakernel.megakernel.trace import Hop, hops_markdown
+
+            lines += ["", hops_markdown([Hop(**h) for h in r["hops"]], r["timeline"]["layers"]).rstrip("\n")]
         if "routing_physical_sms" in r:  # nor the physical SMs (ABI 12)
             lines += ["", physical_sms_markdown(r["physical_sms"], r["routing_physical_sms"])]
     return "\n".join(lines) + "\n"

@@ -121,6 +121,65 @@ def test_layer_activity_counts_waiting_and_running_sms_and_the_bytes_taken(dims)
         trace.layer_activity(sched, rec, [dims.num_layers], nb)  # the final norm: nothing follows it
 
 
+def _hops_by_brute_force(sched, rec, layers):
+    """The hops of trace.layer_hops, the slow way: per task, scan every task for its barriers' signallers and for
+    the task that ran on its SM just before it."""
+    col = {n: rec[:, abi.TRACE_FIELDS.index(n)].tolist() for n in abi.TRACE_FIELDS}
+    staged = [a > 0 and b >= a for a, b in zip(col["inputs_ns"], col["stages_ns"])]
+    out = {}
+    for t in sched.tasks:
+        if t.layer not in layers or col["end_ns"][t.index] == 0 or (t.op == Op.ATTN_PARTIAL and not staged[t.index]):
+            continue
+        barriers = set(t.waits) | ({t.load_wait} if t.op in abi.ROUTED_OPS else set())
+        ends = [(col["end_ns"][u.index], u.wave) for u in sched.tasks if u.signal in barriers and u.signal >= 0]
+        if not ends:
+            continue
+        at, wave = max(ends)
+        mine = col["run_start_ns"][t.index]
+        order = lambda u: (col["run_start_ns"][u.index], u.index)  # noqa: E731 (synthetic waves start together)
+        before = [u for u in sched.tasks if col["sm"][u.index] == col["sm"][t.index] and col["end_ns"][u.index]
+                  and order(u) < order(t)]
+        ready = col["compute_end_ns"][max(before, key=order).index] if before else 0
+        if at > ready:
+            out.setdefault((wave, t.wave), []).append((mine - at) / 1e3)
+    return out
+
+
+def test_layer_hops_time_each_blocked_wait_from_the_last_signal_to_the_run(dims):
+    """Each task's wait on the barrier signalled last (its consumers' waits, and a routed expert task's
+    producer's wait on the routing), counted when its SM was free before that signal: the same edges, counts
+    and medians as a brute-force scan of synthetic waves; a task whose SM was still busy at the last signal, or
+    an attention split that had no work (no stage phase marked: it does not wait), is left out."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 900 + 70 * i for i, w in enumerate(waves)}, {w: 500 for w in waves})
+    layers = [i for i in range(dims.num_layers - 1) if not dims.dense[i]]
+
+    def check(rec):
+        rows = {(r.signaller, r.waiter): r for r in trace.layer_hops(sched, rec, layers)}
+        want = _hops_by_brute_force(sched, rec, layers)
+        assert set(rows) == set(want) and ("router_topk", "mlp_up") in rows
+        for k, v in want.items():
+            assert rows[k].waits == len(v) and rows[k].hop_us == pytest.approx(statistics.median(v))
+        return rows
+
+    rows = check(rec)
+    # an up/gate task's SM busy until after the top-k's signal: no longer blocked on it
+    up = next(t for t in sched.tasks if t.wave == "mlp_up" and t.layer in layers)
+    run = abi.TRACE_FIELDS.index("run_start_ns")
+    before = max((t for t in sched.tasks if t.sm == up.sm and rec[t.index, run] < rec[up.index, run]),
+                 key=lambda t: int(rec[t.index, run]))
+    rec[before.index, abi.TRACE_FIELDS.index("compute_end_ns")] = rec[up.index, run] - 1
+    assert check(rec)[("router_topk", "mlp_up")].waits == rows[("router_topk", "mlp_up")].waits - 1
+    # an attention split that marked no stage phase had no work and did not wait
+    split = next(t for t in sched.tasks if t.wave == "attn_partial" and t.layer in layers)
+    edge = next(k for k in rows if k[1] == "attn_partial")
+    rec[split.index, abi.TRACE_FIELDS.index("inputs_ns")] = 0
+    assert check(rec)[edge].waits == rows[edge].waits - 1
+    text = trace.hops_markdown(trace.layer_hops(sched, rec, layers), "layers 1-4")
+    assert text.startswith("signal to run, per dependency edge (layers 1-4;") and "| router_topk | mlp_up |" in text
+
+
 def test_every_layer_table_is_the_same_on_globaltimer_sized_stamps(dims):
     """A real trace's stamps are globaltimer nanoseconds (~1.76e18 on the H200 of session X), not the synthetic
     records' 1e6: a table that compares them with a Python float (promoted to float32) or keeps them in float64
@@ -136,6 +195,7 @@ def test_every_layer_table_is_the_same_on_globaltimer_sized_stamps(dims):
     nb = trace.task_bytes(sched, rec, lambda wave, lay: 64.0 * (1 + waves.index(wave)))
     for table in (lambda r: trace.layer_activity(sched, r, layers, nb, bin_us=0.1),
                   lambda r: trace.layer_timeline(sched, r, layers), lambda r: trace.layer_ends(sched, r, layers),
+                  lambda r: trace.layer_hops(sched, r, layers),
                   lambda r: trace.summarize(sched, r)):
         plain = table(rec)
         assert table(shifted) == plain
@@ -551,6 +611,7 @@ def test_traced_launch_reports_times_from_the_time_fields_and_where_the_blocks_r
     bins = out["activity"]["bins"]
     assert bins and max(b["consumed_gbs"] for b in bins) > 0 and max(b["running"] for b in bins) > 0
     assert all(b["running"] >= 0 and b["waiting"] >= 0 for b in bins)
+    assert out["hops"] == [dataclasses.asdict(h) for h in trace.layer_hops(sched, rec, middle)] and out["hops"]
 
 
 
@@ -582,6 +643,7 @@ def test_reread_gives_the_activity_table_of_the_run_from_its_saved_records(dims,
     text = kernel_profile.reread(tmp_path, config)
     layers = trace.middle_moe_layers(dims)
     assert trace.activity_markdown(bins, f"MoE layers {layers[0]}-{layers[-1]}", 1e12) in text
+    assert trace.hops_markdown(trace.layer_hops(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert max(b.consumed_gbs for b in bins) > 0
     (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12,
                                                        "results": [{**row, "batch": 2}]}))

@@ -23,6 +23,7 @@ last tasks belonged to, so a layer that ends late says whether a few SMs hold it
 ``layer_activity`` cuts the layer into short stretches and says, for each, how many SMs were waiting on input
 barriers, how many were running a task, and how fast the consumers took in weight and K/V bytes (each task's
 share of its wave's bytes, spread over its stage phase): the stretches where few SMs stream are where HBM idles.
+``layer_hops`` says how long a signal takes to start the task blocked on it, per pair of waves.
 
 Plain torch on the host; the CPU tests feed it synthetic records.
 """
@@ -389,6 +390,74 @@ def layer_activity(schedule: Schedule, records: torch.Tensor, layers, nbytes: to
         per_layer.append(torch.stack([w, r, c], dim=1))
     med = torch.stack(per_layer).median(dim=0).values
     return [ActivityBin(i * bin_us, float(med[i, 0]), float(med[i, 1]), float(med[i, 2])) for i in range(nbins)]
+
+
+@dataclasses.dataclass
+class Hop:
+    """One kind of dependency edge: the waves of the tasks that signalled a barrier and of the tasks that were
+    still waiting on it when the last signal came (medians over those waits)."""
+
+    signaller: str  # the wave of the barrier's last signaller
+    waiter: str
+    waits: int  # waits of the waiter wave whose last-satisfied barrier this was and that were blocked on it
+    hop_us: float  # from the last signaller's end stamp (its fence done, the signal next) to the waiter's run
+    p90_us: float
+
+
+def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
+    """How long a signal takes to start the task waiting for it, per (signaller wave, waiter wave), over the
+    tasks of ``layers``. A task's barriers here are those its consumers wait on, and for a routed expert task
+    also its producer's wait on the routing (the consumers see its descriptor only after that); of them, the
+    one whose last signaller ended last. When that end came after the SM was free for the task (its previous
+    task's consumers done), the task was blocked on it: the time from that end to the task's run start is the
+    signal's path (the red to L2, the polls, the acquire, the consumers' hand-over; for a routed task also its
+    producer's reads of the route words). A producer's other waits (an attention split's new token) are not
+    seen by the consumers' stamps and are left out. Most waits first."""
+    rec, f = record_fields(records)
+    by_layer, layers = _tasks_by_layer(schedule, rec, layers)
+    sm, end, done, run0 = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns"))
+    ran = ran_tasks(schedule, rec).tolist()
+    staged = _staged(f).tolist()  # a task that waits only if it has work and had none marked no stage phase
+    last: dict[int, tuple[int, str]] = {}  # barrier -> (its last signaller's end, that signaller's wave)
+    on_sm: dict[int, list[int]] = defaultdict(list)
+    for t in schedule.tasks:
+        if not ran[t.index]:
+            continue
+        on_sm[sm[t.index]].append(t.index)
+        if t.signal != abi.NO_BARRIER and end[t.index] > last.get(t.signal, (0, ""))[0]:
+            last[t.signal] = (end[t.index], t.wave)
+    ready: dict[int, int] = {}  # task -> when its SM's consumers finished the task before it (0: the SM's first)
+    for ix in on_sm.values():
+        ix.sort(key=lambda i: (run0[i], i))
+        for a, b in zip(ix, ix[1:]):
+            ready[b] = done[a]
+    hops: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for layer in layers:
+        for ix in by_layer[layer].values():
+            for i in ix:
+                t = schedule.tasks[i]
+                if t.waits_only_if_work and not staged[i]:
+                    continue  # nothing to do on this step: it did not wait
+                barriers = t.waits + ((t.load_wait,) if t.op in abi.ROUTED_OPS else ())
+                seen = [last[b] for b in set(barriers) if b in last]
+                if not seen:
+                    continue
+                at, wave = max(seen)
+                if at > ready.get(i, 0):  # the SM was free before the last signal: blocked on it
+                    hops[(wave, t.wave)].append((run0[i] - at) / 1e3)
+    rows = [Hop(s, w, len(v), _median(v), float(torch.tensor(v, dtype=torch.float64).quantile(0.9)))
+            for (s, w), v in hops.items()]
+    return sorted(rows, key=lambda r: (-r.waits, r.signaller, r.waiter))
+
+
+def hops_markdown(rows: list[Hop], layers: str) -> str:
+    lines = [f"signal to run, per dependency edge ({layers}; tasks blocked on their last-satisfied barrier; from the "
+             "last signaller's end stamp to the waiter's run start; a routed expert task's includes its producer's "
+             "route reads)", "", "| signaller wave | waiter wave | blocked waits | median us | p90 us |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.signaller} | {r.waiter} | {r.waits} | {r.hop_us:.2f} | {r.p90_us:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def activity_markdown(rows: list[ActivityBin], layers: str, bandwidth: float | None = None) -> str:
