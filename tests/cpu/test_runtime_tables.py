@@ -57,3 +57,20 @@ def test_tables_point_at_weights_caches_and_vllm_buffers(tiny_checkpoint):
     assert enc.shape[0] == 4 and enc.dtype == torch.int32
     assert int((enc[:, :, 0] != 0).sum()) == len(sched.tasks)
     assert int(step.error[abi.ERROR_FIELDS.index("sm")]) == -1  # the CAS in barrier.cuh expects it
+
+
+def test_a_step_built_from_a_kept_encoding_is_the_step_built_from_its_schedule(tiny_checkpoint):
+    """vLLM builds each batch size's step twice at start-up; the decoder keeps the schedule's encoding and passes
+    it in: the tables are the same, and an encoding of another schedule is refused."""
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    w = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.bfloat16)
+    sim = PagedKVSim(dims, num_requests=2, max_len=20, block_size=4, dtype=torch.bfloat16)
+    sim.fill_history([5, 9], generator=torch.Generator().manual_seed(0))
+    inp = sim.step([1, 2])
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=4, attn_splits=2), *w.intermediates())
+    fresh = runtime.build_step(sched, w, inp)
+    kept = runtime.build_step(sched, w, inp, encoded=sched.encode())
+    assert torch.equal(kept.tasks, fresh.tasks) and torch.equal(kept.layer_table, fresh.layer_table)
+    other = build_schedule(dims, StepShape(batch=2, num_sms=3, attn_splits=2), *w.intermediates())
+    with pytest.raises(ValueError, match="not this schedule's"):
+        runtime.build_step(sched, w, inp, encoded=other.encode())

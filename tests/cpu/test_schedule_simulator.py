@@ -293,6 +293,25 @@ def test_down_tiles_take_the_cap_at_batch_5_to_8_and_divide_hidden_elsewhere_unl
     assert gemm_tiles(full, 768, 0, 8, {"moe_up_cols": 80}).moe_up_cols == 64  # up/gate: divisors only
 
 
+@pytest.mark.parametrize("shape", [dict(batch=1, num_sms=6), dict(batch=3, num_sms=5, attn_splits=2),
+                                   dict(batch=17, num_sms=7, expert_claims=True), dict(batch=40, num_sms=9)])
+def test_encoding_is_every_task_through_abi_encode_in_its_sm_list(dims, shape):
+    """Schedule.encode writes the words column by column: the same tensor as abi.encode task by task, each SM's
+    list in execution order and padded with END rows."""
+    from vllm_megakernel.megakernel.abi import TASK_WORDS, encode
+
+    s = build_schedule(dims, StepShape(**shape), TINY_I, TINY_DENSE_I)
+    longest = max(map(len, s.sm_tasks))
+    want = torch.zeros(len(s.sm_tasks), longest + 1, TASK_WORDS, dtype=torch.int32)
+    for sm, indices in enumerate(s.sm_tasks):
+        for k, i in enumerate(indices):
+            t = s.tasks[i]
+            load = (t.load_wait, s.barriers[t.load_wait].target) if t.load_wait != NO_BARRIER else (NO_BARRIER, 0)
+            want[sm, k] = torch.tensor(encode(t.op, t.layer, [(b, s.barriers[b].target) for b in t.waits], t.signal,
+                                              t.index, load, **t.fields))
+    assert torch.equal(s.encode(), want)
+
+
 def test_full_model_schedule_at_batch_1_is_consistent():
     """North Mini Code itself: 49 layers, 132 SMs -- counts, deadlock freedom, races, the ABI encoding."""
     full = ref.ModelDims.from_config(FULL_CONFIG)

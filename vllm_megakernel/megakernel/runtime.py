@@ -117,7 +117,8 @@ def check_kv_cache(cache: torch.Tensor, layer: int) -> None:
 
 def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
                route_log: bool = False, workspace: dict[str, torch.Tensor] | None = None,
-               trace: bool = False, uniform_routing: bool = False) -> DeviceStep:
+               trace: bool = False, uniform_routing: bool = False,
+               encoded: torch.Tensor | None = None) -> DeviceStep:
     """Tables for ``schedule`` over these weights and input buffers (all on one CUDA device).
 
     ``workspace`` (from :func:`allocate_workspace`, sized for this step or more) is shared between the
@@ -125,9 +126,15 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     layer's experts in ``workspace["route_log"]`` (int32 [num_layers, B, K]). ``trace`` makes every launch
     record where and when each task ran in :attr:`DeviceStep.trace` (see :mod:`.trace`). ``uniform_routing``
     draws every MoE layer's experts uniformly at random (reference.uniform_experts) instead of routing.
+    ``encoded``: ``schedule.encode()`` computed before (it depends on the schedule alone; vLLM builds each batch
+    size's step twice at start-up, against its profiling KV cache and then the real one).
     """
     dims, shape = schedule.dims, schedule.shape
     B, S = shape.batch, shape.attn_splits
+    if encoded is None:
+        encoded = schedule.encode()
+    elif encoded.shape[0] != len(schedule.sm_tasks) or encoded.shape[1] <= max(map(len, schedule.sm_tasks)):
+        raise ValueError(f"encoded task lists {tuple(encoded.shape)} are not this schedule's")
     dev, dt = weights.embed.device, weights.embed.dtype
     if dt != torch.bfloat16:
         raise ValueError(f"the megakernel runs bf16 weights, got {dt}")
@@ -192,7 +199,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
 
     return DeviceStep(
         schedule=schedule, step_table=step_table, layer_table=layer_table,
-        tasks=schedule.encode().to(dev), barriers=torch.zeros(len(schedule.barriers), dtype=torch.int32, device=dev),
+        tasks=encoded.to(dev), barriers=torch.zeros(len(schedule.barriers), dtype=torch.int32, device=dev),
         error=_error_init(dev), workspace=ws, intermediates=(moe_i, dense_i), keepalive=keep,
         unsupported=layout.model_mismatches(dims, moe_i, dense_i), trace=trace_buf,
     )

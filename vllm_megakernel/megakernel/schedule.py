@@ -41,7 +41,15 @@ from collections import defaultdict
 import torch
 
 from vllm_megakernel.megakernel import layout
-from vllm_megakernel.megakernel.abi import NO_BARRIER, ROUTED_OPS, TASK_WORDS, WAITS_ONLY_IF_WORK, Op, encode
+from vllm_megakernel.megakernel.abi import (
+    NO_BARRIER,
+    ROUTED_OPS,
+    TASK_WORDS,
+    WAITS_ONLY_IF_WORK,
+    Op,
+    encode,
+    field_index,
+)
 from vllm_megakernel.reference import ModelDims
 
 Region = tuple  # a logical buffer region, e.g. ("q", tile) or ("kv", layer, tile), (..., slice) for a batch slice
@@ -272,20 +280,41 @@ class Schedule:
         return _heads_per_combine(self.dims, self.shape)
 
     def encode(self) -> torch.Tensor:
-        """[num_sms, max_tasks + 1, TASK_WORDS] int32; each SM's list ends with an END task (all zeros)."""
+        """[num_sms, max_tasks + 1, TASK_WORDS] int32; each SM's list ends with an END task (all zeros). Each
+        task's words are abi.encode's (which checks the first task of every opcode and field set), written a
+        column at a time (a test compares the two): task by task, the encoding took 4.2 s at batch 64's 385K
+        tasks, and vLLM builds a step per batch size at start-up (the decoder keeps each size's encoding)."""
         longest = max(len(t) for t in self.sm_tasks)
-        end = [0] * TASK_WORDS
-        rows = []
-        for indices in self.sm_tasks:
-            sm_rows = []
-            for i in indices:
-                t = self.tasks[i]
-                waits = [(b, self.barriers[b].target) for b in t.waits]
-                load = (t.load_wait, self.barriers[t.load_wait].target) if t.load_wait != NO_BARRIER \
-                    else (NO_BARRIER, 0)
-                sm_rows.append(encode(t.op, t.layer, waits, t.signal, t.index, load, **t.fields))
-            rows.append(sm_rows + [end] * (longest + 1 - len(sm_rows)))
-        return torch.tensor(rows, dtype=torch.int32)
+        out = torch.zeros(len(self.sm_tasks), longest + 1, TASK_WORDS, dtype=torch.int32)
+        place = {i: (sm, k) for sm, indices in enumerate(self.sm_tasks) for k, i in enumerate(indices)}
+        groups: dict[tuple, list[Task]] = defaultdict(list)  # one layout of words per opcode and field set
+        for t in self.tasks:
+            if t.index in place:
+                groups[(t.op, len(t.waits), tuple(t.fields))].append(t)
+        count = [b.target for b in self.barriers] + [0]  # count[NO_BARRIER] (the last) is 0
+        for (op, nwaits, names), tasks in groups.items():
+            first = self._words(tasks[0])  # abi.encode checks the group's layout: <= 2 waits, no field missing
+            waits = [[t.waits[w] if w < nwaits else NO_BARRIER for t in tasks] for w in range(2)]
+            cols = {"opcode": [int(op)] * len(tasks), "layer": [t.layer for t in tasks],
+                    "wait0_barrier": waits[0], "wait0_count": [count[b] for b in waits[0]],
+                    "wait1_barrier": waits[1], "wait1_count": [count[b] for b in waits[1]],
+                    "signal_barrier": [t.signal for t in tasks], "task_index": [t.index for t in tasks],
+                    "load_wait_barrier": [t.load_wait for t in tasks],
+                    "load_wait_count": [count[t.load_wait] for t in tasks],
+                    **{name: [int(t.fields[name]) for t in tasks] for name in names}}
+            block = torch.zeros(len(tasks), TASK_WORDS, dtype=torch.int32)
+            for name, values in cols.items():
+                block[:, field_index(op, name)] = torch.tensor(values, dtype=torch.int32)
+            if block[0].tolist() != first:
+                raise AssertionError(f"{op.name}: the column encoding differs from abi.encode's")
+            where = [place[t.index] for t in tasks]
+            out[[sm for sm, _ in where], [k for _, k in where]] = block
+        return out
+
+    def _words(self, t: Task) -> list[int]:
+        waits = [(b, self.barriers[b].target) for b in t.waits]
+        load = (t.load_wait, self.barriers[t.load_wait].target) if t.load_wait != NO_BARRIER else (NO_BARRIER, 0)
+        return encode(t.op, t.layer, waits, t.signal, t.index, load, **t.fields)
 
     def wave_range(self, layer: int, wave: str) -> tuple[int, int]:
         """[start, stop) task indices of one wave of one layer (a wave's tasks are numbered contiguously)."""

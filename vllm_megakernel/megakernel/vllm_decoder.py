@@ -74,6 +74,7 @@ class MegakernelDecoder:
         self.weights: Weights | None = None
         self.entries: dict[int, _Entry] = {}
         self.schedules: dict[int, Schedule] = {}
+        self.encoded: dict[int, torch.Tensor] = {}  # schedule.encode() per batch, on the host: reused by rebuilds
         self.last: runtime.DeviceStep | None = None
         # Steps replaced after a buffer moved stay alive: a CUDA graph captured against one still holds
         # the addresses of its tables (vLLM frees its profiling graphs, but nothing tells us when).
@@ -172,7 +173,8 @@ class MegakernelDecoder:
         if sched is None:
             sched = build_schedule(self.dims, self._shape(batch), self.moe_intermediate, self.dense_intermediate)
             self.schedules[batch] = sched
-        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s,
+            self.encoded[batch] = sched.encode()
+        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, encoded=self.encoded[batch],
                                   route_log=self.routing_recorded, workspace=self.workspace,
                                   uniform_routing=self.uniform_routing)
         # The step must read vLLM's buffers themselves, not copies: a copy would freeze one step's inputs.
