@@ -14,6 +14,15 @@ GPU kernel, copy and memset with its calls, time per call and time per step, the
 (the sum) and the profiled span per step, against the step's wall time unprofiled. The step count is the
 engine steps recorded; with async scheduling one step may be in flight at either end, so per-step figures
 are good to about 1/steps.
+
+``--phase prefill`` profiles prefills instead: each unit is --batch fresh prompts of --context tokens run to
+their first tokens, timed as requests that go on decoding (a server's time to first token, less HTTP) and as
+one-token requests (the prefill alone, also what is profiled). Through the server the megakernel side's median
+TTFT was about twice stock's at 1K prompts (h200-2026-12-04-v2-session-x call 4) while prefill runs on vLLM's
+own forward on both sides; this says whether the engine shows it and in which kernels:
+
+    python -m benchmarks.step_profile --model configs/north-mini-code --load-format dummy \\
+        --phase prefill --batch 1 --context 1024 --steps 8 --out benchmarks/results/NAME
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -70,15 +80,22 @@ def find_trace(folder: Path) -> Path:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"Batch {result['batch']}, context {result['context']}, {result['steps']} profiled decode steps per "
-             f"side; GPU {result.get('gpu', '?')}, vLLM {result.get('vllm', '?')}.", ""]
+    prefill = result.get("phase") == "prefill"
+    unit = (f"prefills of {result['batch']} fresh prompt(s) of {result['context']} tokens" if prefill
+            else f"decode steps at batch {result['batch']}, context {result['context']}")
+    lines = [f"{result['steps']} profiled {unit} per side; GPU {result.get('gpu', '?')}, vLLM "
+             f"{result.get('vllm', '?')}.", ""]
     for side, s in result["sides"].items():
         if "error" in s:
             lines += [f"## {side}", "", f"did not run: {s['error']}", ""]
             continue
         p = s["profile"]
+        timing = (f"median prefill of one-token requests without the profiler {s['wall_ms_per_step']:.3f} ms "
+                  f"(min {min(s['prefill_ms']):.3f}); median time to the first tokens of requests that go on "
+                  f"decoding {statistics.median(s['first_token_ms']):.3f} ms (min {min(s['first_token_ms']):.3f}); "
+                  if prefill else f"step wall time without the profiler: {s['wall_ms_per_step']:.3f} ms; ")
         lines += [f"## {side}", "",
-                  f"step wall time without the profiler: {s['wall_ms_per_step']:.3f} ms; GPU busy per profiled step "
+                  f"{timing}GPU busy per profiled {'prefill' if prefill else 'step'} "
                   f"{p['busy_us_per_step'] / 1000:.3f} ms, profiled span per step {p['span_us_per_step'] / 1000:.3f} ms. "
                   f"{s['decision']}", "",
                   "| kernel | calls | us per call | us per step |", "|---|---|---|---|"]
@@ -113,6 +130,8 @@ def worker(args) -> None:
     info = llm.apply_model(_decision)[0]
     engine = llm.llm_engine
     prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, args.context, i)) for i in range(args.batch)]
+    if args.phase == "prefill":
+        return _prefill_worker(args, llm, info)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
 
     def run(profile: bool) -> float:
@@ -141,6 +160,50 @@ def worker(args) -> None:
     write_json_atomic(args.out, {"side": args.worker, "wall_ms_per_step": 1000 * wall / args.steps, **info})
 
 
+FIRST_TOKEN_NEW_TOKENS = 8  # enough that a decode step is scheduled behind the prefill, as when serving
+
+
+def _prefill_worker(args, llm, info: dict) -> None:
+    """``--phase prefill``: each unit is one batch of fresh prompts (never in the prefix cache) run to its first
+    tokens. Timed two ways, ``--steps`` times each after two warm-ups: to the first tokens of requests that go on
+    decoding (under async scheduling a decode step is scheduled behind the prefill before its tokens come out:
+    what a server's TTFT sees) and whole requests of one token (the prefill alone). The profiled units are
+    one-token requests, so the kernel table holds the prefills and nothing else."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from benchmarks.decode_sweep import prompt_ids
+
+    engine = llm.llm_engine
+    runs = iter(range(1, 1 << 30))
+
+    def unit(max_tokens: int) -> float:
+        k = next(runs)  # a new seed a unit: prefix caching must not find any of the prompt
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        t0 = time.perf_counter()
+        for i in range(args.batch):
+            engine.add_request(f"prefill-{k}-{i}",
+                               TokensPrompt(prompt_token_ids=prompt_ids(args.seed + k, args.context, i)), params)
+        started: set[str] = set()
+        while len(started) < args.batch:
+            started.update(o.request_id for o in engine.step() if o.outputs and o.outputs[0].token_ids)
+        elapsed = time.perf_counter() - t0
+        while engine.has_unfinished_requests():
+            engine.step()
+        return 1000 * elapsed
+
+    for _ in range(2):
+        unit(FIRST_TOKEN_NEW_TOKENS), unit(1)
+    first = [unit(FIRST_TOKEN_NEW_TOKENS) for _ in range(args.steps)]
+    alone = [unit(1) for _ in range(args.steps)]
+    llm.start_profile()
+    for _ in range(args.steps):
+        unit(1)
+    llm.stop_profile()
+    write_json_atomic(args.out, {"side": args.worker, "wall_ms_per_step": statistics.median(alone),
+                                 "first_token_ms": first, "prefill_ms": alone, **info})
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -148,6 +211,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=32, help="decode steps profiled per side (and as many timed)")
+    ap.add_argument("--phase", choices=("decode", "prefill"), default="decode",
+                    help="prefill: each unit is --batch fresh prompts of --context tokens to their first tokens")
     ap.add_argument("--sides", default="stock,megakernel")
     ap.add_argument("--rows", type=int, default=25, help="kernels listed per side; the rest in one row")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -165,7 +230,8 @@ def main(argv=None) -> None:
     import vllm
 
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"batch": args.batch, "context": args.context, "steps": args.steps, "gpu": torch.cuda.get_device_name(),
+    result = {"batch": args.batch, "context": args.context, "steps": args.steps, "phase": args.phase,
+              "gpu": torch.cuda.get_device_name(),
               "vllm": vllm.__version__, "sides": {},
               "command": " ".join([sys.executable, "-m", "benchmarks.step_profile"] + (argv or sys.argv[1:]))}
     for side in args.sides.split(","):
@@ -176,7 +242,7 @@ def main(argv=None) -> None:
         cmd = [sys.executable, "-m", "benchmarks.step_profile", "--worker", side, "--model", args.model,
                "--load-format", args.load_format, "--batch", str(args.batch), "--context", str(args.context),
                "--steps", str(args.steps), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-               "--seed", str(args.seed), "--trace-dir", str(trace_dir), "--out", str(part)]
+               "--seed", str(args.seed), "--phase", args.phase, "--trace-dir", str(trace_dir), "--out", str(part)]
         rc = subprocess.run(cmd).returncode
         try:
             if rc:

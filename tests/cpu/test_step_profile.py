@@ -1,6 +1,7 @@
 """benchmarks.step_profile's reading of a torch profiler trace (the GPU run is the tool itself)."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -58,3 +59,51 @@ def test_the_table_shows_each_side_and_says_when_one_did_not_run():
     assert "## stock" in text and "did not run: the stock worker exited 1" in text
     assert "step wall time without the profiler: 8.800 ms" in text and "| a\\|b | 1 | 50.0 | 50.0 |" in text
     json.dumps(result)  # what profile.json holds
+
+
+def test_the_prefill_table_gives_both_timings():
+    events = [{"ph": "X", "cat": "kernel", "name": "fused_moe_kernel", "ts": 0, "dur": 40}]
+    result = {"batch": 1, "context": 1024, "steps": 2, "phase": "prefill", "sides": {
+        "stock": {"wall_ms_per_step": 45.0, "prefill_ms": [45.0, 44.0], "first_token_ms": [50.0, 52.0, 51.0],
+                  "decision": "stock", "profile": step_profile.summarize(events, steps=2)}}}
+    text = step_profile.markdown(result)
+    assert text.startswith("2 profiled prefills of 1 fresh prompt(s) of 1024 tokens per side")
+    assert "one-token requests without the profiler 45.000 ms (min 44.000)" in text
+    assert "go on decoding 51.000 ms (min 50.000)" in text and "GPU busy per profiled prefill 0.020 ms" in text
+
+
+class _FakeEngine:
+    """Each request's first token comes out of the step after the one that admitted it."""
+
+    def __init__(self, log):
+        self.log, self.pending, self.live = log, [], {}
+
+    def add_request(self, rid, prompt, params):
+        self.log.append(("add", rid, tuple(prompt["prompt_token_ids"]), params.max_tokens))
+        self.pending.append(rid)
+
+    def step(self):
+        out = [SimpleNamespace(request_id=r, outputs=[SimpleNamespace(token_ids=[7])]) for r in self.live]
+        self.live = {r: 0 for r in self.pending}
+        self.pending = []
+        return out
+
+    def has_unfinished_requests(self):
+        return bool(self.live or self.pending)
+
+
+def test_prefill_units_use_prompts_the_prefix_cache_never_saw_and_profile_one_token_requests(tmp_path):
+    log = []
+    llm = SimpleNamespace(llm_engine=_FakeEngine(log), start_profile=lambda: log.append(("start",)),
+                          stop_profile=lambda: log.append(("stop",)))
+    args = SimpleNamespace(batch=2, context=16, seed=3, steps=3, worker="stock", out=tmp_path / "side.json")
+    step_profile._prefill_worker(args, llm, {"decision": "stock"})
+    adds = [e for e in log if e[0] == "add"]
+    assert len(adds) == 2 * (2 * 2 + 3 * 3)  # two warm-up pairs, then first-token, one-token and profiled units
+    assert len({e[2] for e in adds}) == len(adds)  # no prompt twice: every unit prefills all of its tokens
+    start, stop = log.index(("start",)), log.index(("stop",))
+    profiled = [e for e in log[start:stop] if e[0] == "add"]
+    assert len(profiled) == 2 * 3 and {e[3] for e in profiled} == {1}
+    assert {e[3] for e in adds[8:14]} == {step_profile.FIRST_TOKEN_NEW_TOKENS} and step_profile.FIRST_TOKEN_NEW_TOKENS > 1
+    side = json.loads(args.out.read_text())
+    assert len(side["first_token_ms"]) == len(side["prefill_ms"]) == 3 and side["decision"] == "stock"
