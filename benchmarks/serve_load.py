@@ -148,7 +148,17 @@ def bench_command(args, concurrency: int, out_dir: Path, name: str) -> list[str]
             "--num-prompts", str(max(args.prompts_per_concurrency * concurrency, 8)),
             "--max-concurrency", str(concurrency), "--num-warmups", str(concurrency),
             "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl",
-            "--save-result", "--result-dir", str(out_dir), "--result-filename", name]
+            "--save-result", "--save-detailed", "--result-dir", str(out_dir), "--result-filename", name]
+
+
+def drop_generated_texts(path: Path) -> dict:
+    """A `--save-detailed` result keeps every request's TTFT, inter-token latencies and start time (to read a
+    side's TTFT request by request) and its generated text, which is dropped here: random tokens, ~1 KB a
+    request in a committed folder."""
+    result = json.loads(path.read_text())
+    result.pop("generated_texts", None)
+    write_json_atomic(path, result)
+    return result
 
 
 def run_side(side: str, args, out_dir: Path, save=lambda partial: None) -> dict:
@@ -170,7 +180,7 @@ def run_side(side: str, args, out_dir: Path, save=lambda partial: None) -> dict:
             for c in args.concurrency:
                 name = f"bench-{side}-c{c}.json"
                 subprocess.run(bench_command(args, c, out_dir, name), check=True)
-                rows.append(bench_row(json.loads((out_dir / name).read_text())))
+                rows.append(bench_row(drop_generated_texts(out_dir / name)))
                 left = args.concurrency[len(rows):]
                 if left:
                     save({"rows": list(rows), "error": f"stopped before concurrency {left[0]} (the run ended "

@@ -481,6 +481,17 @@ def test_serving_log_and_bench_result_parsing():
     assert "| stock | 8 | 32 / 0 | 1500 | 5.10 | 40.0 | 120.4 | 1234567 |" in table
 
 
+def test_a_detailed_bench_result_keeps_each_requests_latencies_and_not_its_text(tmp_path):
+    from benchmarks import serve_load
+
+    path = tmp_path / "bench-megakernel-c1.json"
+    path.write_text(json.dumps({"median_ttft_ms": 101.6, "ttfts": [0.1, 0.09], "itls": [[0.003], [0.002]],
+                                "generated_texts": ["a" * 1000, "b" * 1000]}))
+    kept = serve_load.drop_generated_texts(path)
+    assert kept == json.loads(path.read_text()) == {"median_ttft_ms": 101.6, "ttfts": [0.1, 0.09],
+                                                    "itls": [[0.003], [0.002]]}
+
+
 def test_gpu_memory_sampler_stops_cleanly_and_reads_the_visible_gpu(monkeypatch):
     import time
 
@@ -637,8 +648,8 @@ def test_each_serving_level_is_one_vllm_bench_serve_run_with_an_unmeasured_warm_
     parsed = parser.parse_args(cmd[5:])
     assert (parsed.port, parsed.max_concurrency, parsed.num_warmups, parsed.num_prompts) == (8200, 32, 32, 32)
     assert (parsed.random_input_len, parsed.random_output_len, parsed.ignore_eos) == (1024, 128, True)
-    assert (parsed.result_dir, parsed.result_filename, parsed.save_result) == \
-        (str(tmp_path), "bench-stock-c32.json", True)
+    assert (parsed.result_dir, parsed.result_filename, parsed.save_result, parsed.save_detailed) == \
+        (str(tmp_path), "bench-stock-c32.json", True, True)
     assert parser.parse_args(serve_load.bench_command(args, 1, tmp_path, "x.json")[5:]).num_prompts == 8  # floor
 
 
