@@ -106,6 +106,7 @@ def worker(args) -> None:
     cases = json.loads(args.cases)
     max_ctx = max(c["context"] for c in cases)
     max_batch = max(c["batch"] for c in cases)
+    engine_start = time.perf_counter()
     llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True,
               enable_prefix_caching=args.cache_prompts, additional_config=SIDE_CONFIG[args.side],
               max_model_len=max_ctx + args.new_tokens + LEN_MARGIN, max_num_seqs=max(max_batch, 1),
@@ -116,6 +117,9 @@ def worker(args) -> None:
     batched = vllm_config.scheduler_config.max_num_batched_tokens
     groups = kv_groups(json.loads((Path(args.model) / "config.json").read_text()), cache.block_size, vllm_config)
     info = llm.apply_model(_decision)[0]
+    # the engine's start-up (weights, torch.compile, graph capture; the megakernel's task lists): a user's wait
+    info["engine_init_s"] = round(time.perf_counter() - engine_start, 1)
+    print(f"[{args.side}] engine ready in {info['engine_init_s']} s", flush=True)
     distinct: dict[int, float] = {}
     if args.probe_routing and args.side == "stock":  # same weights on both sides: measure once
         from benchmarks.routing_probe import probe_vllm_model

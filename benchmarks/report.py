@@ -97,6 +97,11 @@ def markdown(result: dict) -> str:
     lines.append(f"GPU {env.get('gpu', '?')}, vLLM {env.get('vllm', '?')}, torch {env.get('torch', '?')}, "
                  f"{result['new_tokens']} new tokens per request, median of {env.get('repeats', '?')} runs; "
                  f"HBM bandwidth measured {measured}.{cached}\n")
+    starts = {side: sorted({c["engine_init_s"] for c in result["cases"] if c["side"] == side and "engine_init_s" in c})
+              for side in SIDES}
+    if any(starts.values()):
+        lines.append("Engine start-up (LLM() to ready: weights, torch.compile, CUDA graphs): " + "; ".join(
+            f"{side} {' / '.join(f'{x:.0f}' for x in v)} s" for side, v in starts.items() if v) + ".\n")
     lines.append("| batch | context | stock tok/s (min-max) | megakernel tok/s (min-max) | ratio | "
                  "distinct experts/layer | SOL tok/s | stock % SOL | megakernel % SOL |")
     lines.append("|---|---|---|---|---|---|---|---|---|")

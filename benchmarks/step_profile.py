@@ -94,10 +94,11 @@ def markdown(result: dict) -> str:
                   f"(min {min(s['prefill_ms']):.3f}); median time to the first tokens of requests that go on "
                   f"decoding {statistics.median(s['first_token_ms']):.3f} ms (min {min(s['first_token_ms']):.3f}); "
                   if prefill else f"step wall time without the profiler: {s['wall_ms_per_step']:.3f} ms; ")
+        start_up = f" Engine start-up {s['engine_init_s']:.0f} s." if "engine_init_s" in s else ""
         lines += [f"## {side}", "",
                   f"{timing}GPU busy per profiled {'prefill' if prefill else 'step'} "
-                  f"{p['busy_us_per_step'] / 1000:.3f} ms, profiled span per step {p['span_us_per_step'] / 1000:.3f} ms. "
-                  f"{s['decision']}", "",
+                  f"{p['busy_us_per_step'] / 1000:.3f} ms, profiled span per step "
+                  f"{p['span_us_per_step'] / 1000:.3f} ms. {s['decision']}{start_up}", "",
                   "| kernel | calls | us per call | us per step |", "|---|---|---|---|"]
         for r in p["kernels"]:
             per_call = "-" if r["us_per_call"] is None else f"{r['us_per_call']:.1f}"
@@ -121,13 +122,14 @@ def worker(args) -> None:
     new_tokens = 3 * args.steps + 8
     trace_dir = Path(args.trace_dir).resolve()
     trace_dir.mkdir(parents=True, exist_ok=True)
+    engine_start = time.perf_counter()
     llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True, enable_prefix_caching=True,
               additional_config=SIDE_CONFIG[args.worker], max_model_len=args.context + new_tokens + LEN_MARGIN,
               max_num_seqs=args.batch, gpu_memory_utilization=args.gpu_memory_utilization, seed=0,
               profiler_config={"profiler": "torch", "torch_profiler_dir": str(trace_dir),
                                "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False,
                                "torch_profiler_dump_cuda_time_total": True})
-    info = llm.apply_model(_decision)[0]
+    info = {**llm.apply_model(_decision)[0], "engine_init_s": round(time.perf_counter() - engine_start, 1)}
     engine = llm.llm_engine
     prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, args.context, i)) for i in range(args.batch)]
     if args.phase == "prefill":

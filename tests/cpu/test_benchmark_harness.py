@@ -145,6 +145,16 @@ def test_table_says_plainly_when_the_megakernel_side_fell_back(config):
     assert fell_back.startswith("**The megakernel side ran stock vLLM** (vllm_megakernel: decode runs on stock")
 
 
+def test_table_gives_each_sides_engine_start_up_when_the_run_recorded_it(config):
+    result = recorded(config)
+    assert "Engine start-up" not in report.markdown(result)  # runs before decode_sweep recorded it
+    for c in result["cases"]:
+        if c["status"] == "ok":
+            c["engine_init_s"] = 50.2 if c["side"] == "stock" else 124.7
+    assert "Engine start-up (LLM() to ready: weights, torch.compile, CUDA graphs): stock 50 s; megakernel 125 s." \
+        in report.markdown(result)
+
+
 def test_table_says_the_megakernel_side_has_no_numbers_when_its_engine_stopped_before_any_case(config, tmp_path):
     """A sweep cut off by its time limit while the megakernel engine was still warming up: collect_side
     records that engine as stopped (use_megakernel False) and every case as failed, which is not a fallback."""
