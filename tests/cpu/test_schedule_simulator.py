@@ -1091,3 +1091,29 @@ def test_live_first_deals_the_live_splits_right_after_qkv_and_the_experts_after_
         assert nxt.sm == (partials[0].sm + live) % 7  # the next wave starts after the live splits' SMs
     assert all(lst == sorted(lst) for lst in first.sm_tasks)
     assert_race_free_and_bit_equal(first, plain, weights, inp, order, batch)
+
+
+@pytest.mark.parametrize("op", ["MOE_UPGATE", "MOE_DOWN"])
+def test_a_claimed_wave_out_of_slot_and_tile_order_is_refused(dims, op):
+    """A claiming producer takes the wave's n-th task as tile n % tiles of slot n / tiles: a wave whose tasks
+    are not in that order (two tiles swapped) or whose task waits on another slot's barrier is refused."""
+    from vllm_megakernel.megakernel.schedule import _check_claim_waves
+
+    s = build_schedule(dims, StepShape(batch=3, num_sms=5, expert_claims=True), TINY_I, TINY_DENSE_I)
+    _check_claim_waves(s.tasks, TINY_I, dims.hidden)
+    wave = [t for t in s.tasks if t.op.name == op and t.layer == 1]
+    first = "col0" if op == "MOE_UPGATE" else "row0"
+    a, b = wave[0], wave[-1]  # the first and the last tile trade places (slot and first column / row)
+    swap = {a.index: b, b.index: a}
+    swapped = [dataclasses.replace(t, fields={**t.fields, "slot": swap[t.index].fields["slot"],
+                                              first: swap[t.index].fields[first]}) if t.index in swap else t
+               for t in s.tasks]
+    with pytest.raises(AssertionError, match="th tile of its claimed wave"):
+        _check_claim_waves(swapped, TINY_I, dims.hidden)
+    last = wave[-1]  # the last slot's task, on the first slot's barrier
+    assert last.fields["slot"] > wave[0].fields["slot"]
+    bad = dataclasses.replace(last, signal=wave[0].signal) if op == "MOE_UPGATE" else \
+        dataclasses.replace(last, waits=(wave[0].waits[0],))
+    moved = [bad if t is last else t for t in s.tasks]
+    with pytest.raises(AssertionError, match=f"task {last.index} .* is not the"):
+        _check_claim_waves(moved, TINY_I, dims.hidden)
