@@ -57,3 +57,84 @@ def test_batch_limit_never_exceeds_the_largest_cuda_graph():
     assert batch_limit(big) == MAX_BATCH
     eager = CompilationConfig(cudagraph_mode=CUDAGraphMode.NONE, max_cudagraph_capture_size=16)
     assert batch_limit(eager) == MAX_BATCH  # no graphs: every decode batch runs eagerly anyway
+
+
+def _recording_cache(gate=None, fail=()):
+    """A ScheduleCache whose builds record (batch, thread) and return a stand-in schedule; batch 64's build waits
+    on ``gate`` when given, and sizes in ``fail`` raise."""
+    import threading
+
+    from vllm_megakernel.megakernel.vllm_decoder import ScheduleCache
+
+    calls = []
+
+    class Built:
+        def __init__(self, batch):
+            self.batch = batch
+
+        def encode(self):
+            return ("encoded", self.batch)
+
+    def build(batch):
+        calls.append((batch, threading.current_thread().name))
+        if gate is not None and batch == 64:
+            assert gate.wait(10)
+        if batch in fail:
+            raise ValueError(f"no schedule for batch {batch}")
+        return Built(batch)
+
+    return ScheduleCache(build), calls
+
+
+def test_capture_sizes_are_built_once_on_a_background_thread_largest_first():
+    import threading
+
+    cache, calls = _recording_cache()
+    cache.prebuild([1, 8, 64, 8])
+    for thread in threading.enumerate():  # let it finish, so that no get() below takes a size over
+        if thread.name == "vllm_megakernel-schedules":
+            thread.join(10)
+    for b in (64, 8, 1):
+        sched, encoded = cache.get(b)
+        assert sched.batch == b and encoded == ("encoded", b)
+    assert cache.get(64)[0] is cache.get(64)[0]  # kept: vLLM's rebuild after its profiling capture reuses it
+    assert calls == [(64, "vllm_megakernel-schedules"), (8, "vllm_megakernel-schedules"),
+                     (1, "vllm_megakernel-schedules")]
+    cache.get(3)  # a size nobody asked for ahead (an eager decode batch): built by the caller
+    assert calls[-1][0] == 3 and calls[-1][1] != "vllm_megakernel-schedules"
+
+
+def test_a_size_the_thread_has_not_reached_is_built_by_its_caller_and_a_failed_build_raises_there():
+    import threading
+
+    import pytest
+
+    gate = threading.Event()  # holds the background thread inside its first build (64)
+    cache, calls = _recording_cache(gate, fail=(2,))
+    cache.prebuild([64, 16, 2])
+    for _ in range(10_000):
+        if calls:
+            break
+        threading.Event().wait(0.001)
+    sched, _ = cache.get(16)  # queued behind 64: built here rather than after it
+    assert sched.batch == 16 and calls[-1] == (16, threading.current_thread().name)
+    gate.set()
+    assert cache.get(64)[0].batch == 64
+    with pytest.raises(ValueError, match="no schedule for batch 2"):
+        cache.get(2)
+    assert sorted(b for b, _ in calls) == [2, 16, 64]  # every size built once
+
+
+def test_prebuilt_sizes_are_the_full_decode_graphs_up_to_the_batch_limit():
+    from vllm.config.compilation import CUDAGraphMode
+
+    from vllm_megakernel.megakernel.vllm_decoder import prebuilt_batches
+
+    sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 128]
+    cc = lambda mode: SimpleNamespace(cudagraph_mode=mode, cudagraph_capture_sizes=sizes)  # noqa: E731
+    seqs = SimpleNamespace(max_num_seqs=64)
+    assert prebuilt_batches(cc(CUDAGraphMode.FULL_AND_PIECEWISE), seqs, 64) == sizes[:11]
+    assert prebuilt_batches(cc(CUDAGraphMode.FULL_DECODE_ONLY), SimpleNamespace(max_num_seqs=8), 64) == [1, 2, 4, 8]
+    assert prebuilt_batches(cc(CUDAGraphMode.FULL_AND_PIECEWISE), seqs, 16) == [1, 2, 4, 8, 16]
+    assert prebuilt_batches(cc(CUDAGraphMode.PIECEWISE), seqs, 64) == []  # decode runs eagerly, at its own sizes
+    assert prebuilt_batches(cc(CUDAGraphMode.NONE), seqs, 64) == []

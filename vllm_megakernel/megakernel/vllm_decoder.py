@@ -13,6 +13,9 @@ finds no matching task list is an error rather than a stale replay.
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 
 import torch
 
@@ -52,6 +55,62 @@ def is_pure_decode(attn_metadata) -> bool:
     return True
 
 
+class ScheduleCache:
+    """Each batch size's schedule and its encoding (schedule.encode(), on the host), built once and kept: vLLM
+    builds a step per capture size twice at start-up (against its profiling KV cache, then the real one).
+
+    :meth:`prebuild` builds the sizes known ahead (the FULL decode graphs' capture sizes) on one background
+    thread from the model's construction on, largest first as vLLM captures them, so that the pure-Python
+    building (1-2 s a size from batch 16 up on the CPU machine) overlaps vLLM's weight loading and
+    torch.compile instead of adding to the graph capture. :meth:`get` waits for a size's build under way, or
+    builds the size on the calling thread (one not started yet, or one nobody asked for ahead: eager decode
+    batches); a build's error is raised there."""
+
+    def __init__(self, build: Callable[[int], Schedule]):
+        self._build = build
+        self._built: dict[int, tuple[Schedule, torch.Tensor]] = {}
+        self._pending: dict[int, Future] = {}
+
+    def _make(self, batch: int) -> tuple[Schedule, torch.Tensor]:
+        sched = self._build(batch)
+        return sched, sched.encode()
+
+    def prebuild(self, batches: Iterable[int]) -> None:
+        todo = sorted({b for b in batches if b not in self._built and b not in self._pending}, reverse=True)
+        futures = {b: Future() for b in todo}
+        self._pending.update(futures)
+
+        def run() -> None:
+            for b, fut in futures.items():
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(self._make(b))
+                    except BaseException as e:  # raised to whoever asks for this size
+                        fut.set_exception(e)
+
+        if todo:
+            threading.Thread(target=run, name="vllm_megakernel-schedules", daemon=True).start()
+
+    def get(self, batch: int) -> tuple[Schedule, torch.Tensor]:
+        if batch not in self._built:
+            fut = self._pending.pop(batch, None)
+            # a size the thread has not started is built here (the thread then skips it), not after the
+            # larger ones queued before it
+            self._built[batch] = self._make(batch) if fut is None or fut.cancel() else fut.result()
+        return self._built[batch]
+
+
+def prebuilt_batches(compilation_config, scheduler_config, max_batch: int) -> list[int]:
+    """The decode batch sizes vLLM will capture FULL graphs of, up to ``max_batch``: every capture size up to
+    max_num_seqs when the graph mode has FULL graphs (vLLM pads a decode batch up to one of them); none
+    otherwise (batches then run eagerly at their own sizes, built when they first come)."""
+    mode = getattr(compilation_config, "cudagraph_mode", None)
+    if mode is None or not mode.has_full_cudagraphs():
+        return []
+    limit = min(max_batch, getattr(scheduler_config, "max_num_seqs", max_batch))
+    return sorted(b for b in (compilation_config.cudagraph_capture_sizes or []) if b <= limit)
+
+
 @dataclasses.dataclass
 class _Entry:
     key: tuple
@@ -60,7 +119,8 @@ class _Entry:
 
 class MegakernelDecoder:
     def __init__(self, model: torch.nn.Module, hf_config, max_model_len: int, num_sms: int,
-                 max_batch: int = MAX_BATCH, timeout_s: float = 5.0, uniform_routing: bool = False):
+                 max_batch: int = MAX_BATCH, timeout_s: float = 5.0, uniform_routing: bool = False,
+                 prebuild: Iterable[int] = ()):
         self.model = model
         self.uniform_routing = uniform_routing  # vLLM's uniform_random routing simulation, in the kernel too
         self.dims = ModelDims.from_config(hf_config)
@@ -73,8 +133,8 @@ class MegakernelDecoder:
         self.timeout_s = timeout_s
         self.weights: Weights | None = None
         self.entries: dict[int, _Entry] = {}
-        self.schedules: dict[int, Schedule] = {}
-        self.encoded: dict[int, torch.Tensor] = {}  # schedule.encode() per batch, on the host: reused by rebuilds
+        self.schedules = ScheduleCache(lambda batch: build_schedule(self.dims, self._shape(batch),
+                                                                    self.moe_intermediate, self.dense_intermediate))
         self.last: runtime.DeviceStep | None = None
         # Steps replaced after a buffer moved stay alive: a CUDA graph captured against one still holds
         # the addresses of its tables (vLLM frees its profiling graphs, but nothing tells us when).
@@ -87,6 +147,7 @@ class MegakernelDecoder:
         )
         self._error_flag_host = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=torch.cuda.is_available())
         self.routing_recorded = False
+        self.schedules.prebuild(b for b in prebuild if b <= max_batch)
 
     def record_routing(self) -> None:
         """From the next launch on, every step writes each MoE layer's chosen experts to
@@ -169,12 +230,8 @@ class MegakernelDecoder:
     def _build(self, batch: int, inputs: DecodeInputs) -> runtime.DeviceStep:
         if self.weights is None:  # after load_weights / process_weights_after_loading: read them in place
             self.weights = Weights.from_vllm_model(self.model)
-        sched = self.schedules.get(batch)
-        if sched is None:
-            sched = build_schedule(self.dims, self._shape(batch), self.moe_intermediate, self.dense_intermediate)
-            self.schedules[batch] = sched
-            self.encoded[batch] = sched.encode()
-        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, encoded=self.encoded[batch],
+        sched, encoded = self.schedules.get(batch)
+        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, encoded=encoded,
                                   route_log=self.routing_recorded, workspace=self.workspace,
                                   uniform_routing=self.uniform_routing)
         # The step must read vLLM's buffers themselves, not copies: a copy would freeze one step's inputs.

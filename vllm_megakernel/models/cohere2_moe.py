@@ -64,14 +64,16 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
         self.megakernel_decision: Decision = self._decide(vllm_config, options, routing_simulation)
         self.megakernel = None
         if self.megakernel_decision.use_megakernel:
-            from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder
+            from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, prebuilt_batches
 
             ext, _ = extension.load()
+            max_batch = self.megakernel_decision.max_batch
             self.megakernel = MegakernelDecoder(
                 self, vllm_config.model_config.hf_config, vllm_config.model_config.max_model_len,
                 num_sms=ext.query_device(torch.cuda.current_device())["sm_count"],
-                max_batch=self.megakernel_decision.max_batch,
+                max_batch=max_batch,
                 uniform_routing=routing_simulation == UNIFORM_ROUTING,
+                prebuild=prebuilt_batches(vllm_config.compilation_config, vllm_config.scheduler_config, max_batch),
             )
 
     @torch.no_grad()
