@@ -74,3 +74,17 @@ def test_a_step_built_from_a_kept_encoding_is_the_step_built_from_its_schedule(t
     other = build_schedule(dims, StepShape(batch=2, num_sms=3, attn_splits=2), *w.intermediates())
     with pytest.raises(ValueError, match="not this schedule's"):
         runtime.build_step(sched, w, inp, encoded=other.encode())
+
+
+def test_steps_built_with_one_stall_record_share_it_and_a_wrong_record_is_refused(tiny_checkpoint):
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    w = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.bfloat16)
+    sim = PagedKVSim(dims, num_requests=2, max_len=20, block_size=4, dtype=torch.bfloat16)
+    sim.fill_history([5, 9], generator=torch.Generator().manual_seed(0))
+    record = runtime.new_error_record("cpu")
+    steps = [runtime.build_step(build_schedule(dims, StepShape(batch=2, num_sms=n, attn_splits=2), *w.intermediates()),
+                                w, sim.step([1, 2]), error=record) for n in (3, 4)]
+    assert all(s.error is record for s in steps)
+    assert runtime.build_step(steps[0].schedule, w, sim.step([1, 2])).error is not record  # private by default
+    with pytest.raises(ValueError, match="a stall record is int32"):
+        runtime.build_step(steps[0].schedule, w, sim.step([1, 2]), error=torch.zeros(3, dtype=torch.int32))

@@ -1,4 +1,5 @@
-"""Which batches the megakernel takes inside vLLM, judged from vLLM's attention metadata."""
+"""The megakernel inside vLLM: which batches it takes (judged from vLLM's attention metadata), the task lists
+built ahead for the capture sizes, and the stall record every batch size's step shares."""
 
 from types import SimpleNamespace
 
@@ -138,3 +139,91 @@ def test_prebuilt_sizes_are_the_full_decode_graphs_up_to_the_batch_limit():
     assert prebuilt_batches(cc(CUDAGraphMode.FULL_AND_PIECEWISE), seqs, 16) == [1, 2, 4, 8, 16]
     assert prebuilt_batches(cc(CUDAGraphMode.PIECEWISE), seqs, 64) == []  # decode runs eagerly, at its own sizes
     assert prebuilt_batches(cc(CUDAGraphMode.NONE), seqs, 64) == []
+
+
+def _stall_in(step, task, record):
+    """What the kernel writes when ``task`` of ``step`` times out (barrier.cuh's record)."""
+    from vllm_megakernel.megakernel import abi
+
+    values = {"flag": 1, "sm": task.sm, "task_index": task.index, "opcode": int(task.op), "layer": task.layer,
+              "barrier": task.waits[0], "expected": 5, "seen": 4}
+    for name, v in values.items():
+        record[abi.ERROR_FIELDS.index(name)] = v
+
+
+def test_a_stall_in_any_batch_sizes_graph_poisons_and_names_that_step_not_the_last_one_python_launched():
+    """Under FULL CUDA graphs Python launches each size once, at capture (largest first), and the replays run
+    no Python: the decoder's `last` step is batch 1's while batch 8's graph runs. Every step shares one stall
+    record, so a stall in batch 8's step poisons the hidden states at once and raises naming batch 8's task."""
+    import pytest
+    import torch
+
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel import runtime
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, _Entry
+
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    record = runtime.new_error_record("cpu")
+    steps = {b: SimpleNamespace(schedule=build_schedule(dims, StepShape(batch=b, num_sms=4), 32, 64), error=record)
+             for b in (8, 4, 1)}  # captured largest first: batch 1's step is the last Python launched
+    dec = object.__new__(MegakernelDecoder)
+    dec.entries = {b: _Entry((b,), s) for b, s in steps.items()}
+    dec.retired, dec.last, dec.error = [], steps[1], record
+    dec._error_flag_host = torch.zeros(1, dtype=torch.int32)
+    hidden = torch.ones(8, 16)
+    assert torch.equal(dec.poison_on_error(hidden), hidden)  # no stall: untouched
+
+    victim = next(t for t in steps[8].schedule.tasks if t.waits and t.layer == 1 and t.op.name == "MOE_DOWN")
+    _stall_in(steps[8], victim, record)  # batch 8's graph replayed and stalled
+    assert torch.isnan(dec.poison_on_error(hidden)).all()  # the same step's logits: NaN, no host sync
+    with pytest.raises(runtime.MegakernelStallError, match=rf"in the batch-8 step: task {victim.index} \(MOE_DOWN"):
+        dec.poison_on_error(hidden)  # the next step reads the flag copied back and raises
+    assert record.tolist()[:2] == [0, -1]  # cleared for the next report
+
+
+def test_the_step_that_stalled_is_the_one_whose_schedule_has_the_recorded_task_on_the_recorded_sm():
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel import runtime
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+    from vllm_megakernel.megakernel.vllm_decoder import stalled_step
+
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    steps = [SimpleNamespace(schedule=build_schedule(dims, StepShape(batch=b, num_sms=5), 32, 64)) for b in (2, 17)]
+    record = runtime.new_error_record("cpu")
+    big = steps[1].schedule.tasks
+    task = next(t for t in big[len(steps[0].schedule.tasks):] if t.waits)  # past batch 2's last task
+    _stall_in(steps[1], task, record)
+    assert stalled_step(record, steps, default=steps[0]) is steps[1]
+    record[1] = (task.sm + 1) % 5  # no step has that task on that SM: the caller's default
+    assert stalled_step(record, steps, default=steps[0]) is steps[0]
+    record[1] = task.sm
+    record[5] = max(task.waits) + 1  # nor that task waiting on another barrier
+    assert stalled_step(record, steps, default=steps[0]) is steps[0]
+
+
+def test_every_step_the_decoder_builds_shares_its_one_stall_record(tiny_checkpoint):
+    import torch
+
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel import runtime
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, ScheduleCache
+    from vllm_megakernel.paged_kv import PagedKVSim
+
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    w = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.bfloat16)
+    dec = object.__new__(MegakernelDecoder)  # the decoder's state without a GPU or a vLLM model
+    dec.weights, dec.timeout_s, dec.routing_recorded, dec.uniform_routing = w, 1.0, False, False
+    dec.schedules = ScheduleCache(lambda b: build_schedule(dims, StepShape(batch=b, num_sms=4), *w.intermediates()))
+    dec.workspace = runtime.allocate_workspace(dims, [(b, StepShape(batch=b, num_sms=4).attn_splits) for b in (2, 3)],
+                                               *w.intermediates(), device="cpu", dtype=torch.bfloat16)
+    dec.error = runtime.new_error_record("cpu")
+    sim = PagedKVSim(dims, num_requests=3, max_len=20, block_size=4, dtype=torch.bfloat16)
+    sim.fill_history([5, 9, 3], generator=torch.Generator().manual_seed(0))
+    steps = []
+    for rows in ([1, 2], [1, 2, 3]):
+        inp = sim.step(rows)
+        inp.input_ids, inp.seq_lens = inp.input_ids.to(torch.int32), inp.seq_lens.to(torch.int32)  # vLLM's dtypes
+        steps.append(dec._build(len(rows), inp))
+    assert [s.schedule.shape.batch for s in steps] == [2, 3] and all(s.error is dec.error for s in steps)

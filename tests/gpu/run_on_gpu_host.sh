@@ -10,7 +10,7 @@
 #   kernel  extension, whole-step and per-opcode kernel tests; compute-sanitizer memcheck and racecheck
 #           run alongside (separate processes, no vLLM engine, so they cannot upset vLLM's memory profiling)
 #   vllm    switch-off equivalence and the step-by-step comparison with stock vLLM (eager)
-#   graphs  256-token greedy A/B through both CUDA-graph modes
+#   graphs  256-token greedy A/B through both CUDA-graph modes; a stall inside a replayed graph is reported
 #   serve   the OpenAI server
 # All stages share one 5-layer checkpoint ($MEGAKERNEL_TEST_CHECKPOINT, default /tmp/nmc-5l).
 set -uo pipefail
@@ -53,7 +53,9 @@ case $stage in
   vllm)
     pt equivalence tests/gpu/test_stock_equivalence.py "$@" || rc=1
     pt stepwise tests/gpu/test_vllm_megakernel_e2e.py -k each_decode_step "$@" || rc=1 ;;
-  graphs) pt graphs tests/gpu/test_vllm_megakernel_e2e.py -k greedy_tokens "$@" || rc=1 ;;
+  graphs)
+    pt graphs tests/gpu/test_vllm_megakernel_e2e.py -k greedy_tokens "$@" || rc=1
+    pt stall tests/gpu/test_stall_reporting_in_vllm.py "$@" || rc=1 ;;
   serve) pt serve tests/gpu/test_serve.py "$@" || rc=1 ;;
   all) pt all tests/gpu "$@" || rc=1 ;;
   *) echo "unknown stage $stage"; exit 2 ;;

@@ -58,7 +58,8 @@ class DeviceStep:
         return self.workspace[name][: math.prod(shape)].view(shape)
 
 
-def _error_init(device) -> torch.Tensor:
+def new_error_record(device) -> torch.Tensor:
+    """A cleared stall record (abi.ERROR_FIELDS): the kernel's first reporter claims it by swapping "sm" from -1."""
     err = torch.zeros(len(abi.ERROR_FIELDS), dtype=torch.int32, device=device)
     err[abi.ERROR_FIELDS.index("sm")] = -1
     return err
@@ -118,7 +119,7 @@ def check_kv_cache(cache: torch.Tensor, layer: int) -> None:
 def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
                route_log: bool = False, workspace: dict[str, torch.Tensor] | None = None,
                trace: bool = False, uniform_routing: bool = False,
-               encoded: torch.Tensor | None = None) -> DeviceStep:
+               encoded: torch.Tensor | None = None, error: torch.Tensor | None = None) -> DeviceStep:
     """Tables for ``schedule`` over these weights and input buffers (all on one CUDA device).
 
     ``workspace`` (from :func:`allocate_workspace`, sized for this step or more) is shared between the
@@ -127,7 +128,9 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     record where and when each task ran in :attr:`DeviceStep.trace` (see :mod:`.trace`). ``uniform_routing``
     draws every MoE layer's experts uniformly at random (reference.uniform_experts) instead of routing.
     ``encoded``: ``schedule.encode()`` computed before (it depends on the schedule alone; vLLM builds each batch
-    size's step twice at start-up, against its profiling KV cache and then the real one).
+    size's step twice at start-up, against its profiling KV cache and then the real one). ``error``: a stall
+    record (:func:`new_error_record`) to share with other steps, so that one record answers for whichever step a
+    CUDA graph replayed (the decoder's steps share one); a private one by default.
     """
     dims, shape = schedule.dims, schedule.shape
     B, S = shape.batch, shape.attn_splits
@@ -136,6 +139,12 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     elif encoded.shape[0] != len(schedule.sm_tasks) or encoded.shape[1] <= max(map(len, schedule.sm_tasks)):
         raise ValueError(f"encoded task lists {tuple(encoded.shape)} are not this schedule's")
     dev, dt = weights.embed.device, weights.embed.dtype
+    if error is None:
+        error = new_error_record(dev)
+    elif (error.dtype != torch.int32 or error.shape != (len(abi.ERROR_FIELDS),)
+          or error.device != torch.empty(0, device=dev).device):
+        raise ValueError(f"a stall record is int32 [{len(abi.ERROR_FIELDS)}] on {dev}, got {error.dtype} "
+                         f"{tuple(error.shape)} on {error.device}")
     if dt != torch.bfloat16:
         raise ValueError(f"the megakernel runs bf16 weights, got {dt}")
     moe_i, dense_i = weights.intermediates()
@@ -200,7 +209,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     return DeviceStep(
         schedule=schedule, step_table=step_table, layer_table=layer_table,
         tasks=encoded.to(dev), barriers=torch.zeros(len(schedule.barriers), dtype=torch.int32, device=dev),
-        error=_error_init(dev), workspace=ws, intermediates=(moe_i, dense_i), keepalive=keep,
+        error=error, workspace=ws, intermediates=(moe_i, dense_i), keepalive=keep,
         unsupported=layout.model_mismatches(dims, moe_i, dense_i), trace=trace_buf,
     )
 
@@ -233,12 +242,13 @@ def check(step: DeviceStep) -> None:
     err = dict(zip(abi.ERROR_FIELDS, step.error.tolist()))
     if not err["flag"]:
         return
-    step.error.copy_(_error_init(step.error.device))
+    step.error.copy_(new_error_record(step.error.device))
     s = step.schedule
     task = s.tasks[err["task_index"]] if 0 <= err["task_index"] < len(s.tasks) else None
     what = task.describe() if task else f"task {err['task_index']}"
     raise MegakernelStallError(
-        f"megakernel stalled: {what} (opcode {abi.Op(err['opcode']).name}, layer {err['layer']}) on SM {err['sm']} "
+        f"megakernel stalled in the batch-{s.shape.batch} step: {what} (opcode {abi.Op(err['opcode']).name}, "
+        f"layer {err['layer']}) on SM {err['sm']} "
         f"waited on barrier {err['barrier']} ({s.barrier_name(err['barrier'])}): expected {err['expected']}, "
         f"saw {err['seen']}"
     )

@@ -19,7 +19,7 @@ from concurrent.futures import Future
 
 import torch
 
-from vllm_megakernel.megakernel import layout, runtime
+from vllm_megakernel.megakernel import abi, layout, runtime
 from vllm_megakernel.megakernel.schedule import Schedule, StepShape, build_schedule
 from vllm_megakernel.reference import DecodeInputs, KVGroup, ModelDims, Weights
 
@@ -145,6 +145,9 @@ class MegakernelDecoder:
             self.dims, [(b, self._shape(b).attn_splits) for b in range(1, max_batch + 1)], self.moe_intermediate,
             self.dense_intermediate, device=torch.device("cuda", torch.cuda.current_device()),
         )
+        # One stall record for every batch size's step: a CUDA graph replays without running Python, so the step
+        # Python launched last (self.last) is not the one that ran; whichever did, a stall lands here.
+        self.error = runtime.new_error_record(self.workspace["x"].device)
         self._error_flag_host = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=torch.cuda.is_available())
         self.routing_recorded = False
         self.schedules.prebuild(b for b in prebuild if b <= max_batch)
@@ -233,7 +236,7 @@ class MegakernelDecoder:
         sched, encoded = self.schedules.get(batch)
         step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, encoded=encoded,
                                   route_log=self.routing_recorded, workspace=self.workspace,
-                                  uniform_routing=self.uniform_routing)
+                                  uniform_routing=self.uniform_routing, error=self.error)
         # The step must read vLLM's buffers themselves, not copies: a copy would freeze one step's inputs.
         read = {k.data_ptr() for k in step.keepalive}
         buffers = [("input_ids", inputs.input_ids), ("positions", inputs.positions), ("seq_lens", inputs.seq_lens)]
@@ -248,12 +251,27 @@ class MegakernelDecoder:
     def poison_on_error(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """NaN hidden states when the last launch gave up on a barrier (device-side, no host sync), and
         a :class:`~vllm_megakernel.megakernel.runtime.MegakernelStallError` naming the stalled task and
-        barrier one step later, from a flag copied back asynchronously."""
-        step = self.last
-        if step is None:
+        barrier one step later, from a flag copied back asynchronously. Every step shares one stall record,
+        so this holds for whichever batch size's graph ran."""
+        if self.last is None:  # no step built yet: nothing has run
             return hidden_states
         if int(self._error_flag_host[0]):
-            runtime.check(step)  # raises with the whole error record
-        self._error_flag_host.copy_(step.error[:1], non_blocking=True)
-        failed = step.error[0] != 0
+            runtime.check(stalled_step(self.error, [e.step for e in self.entries.values()] + self.retired,
+                                       self.last))  # raises with the whole error record
+        self._error_flag_host.copy_(self.error[:1], non_blocking=True)
+        failed = self.error[0] != 0
         return torch.where(failed, torch.full_like(hidden_states, float("nan")), hidden_states)
+
+
+def stalled_step(error: torch.Tensor, steps: list[runtime.DeviceStep],
+                 default: runtime.DeviceStep) -> runtime.DeviceStep:
+    """Which of the steps sharing the stall record ``error`` wrote it: the first (smallest batch) whose schedule
+    has the recorded task -- its index, opcode and layer, waiting on the recorded barrier -- on the recorded SM;
+    ``default`` when none has (the error then still names the record's raw fields)."""
+    rec = dict(zip(abi.ERROR_FIELDS, error.tolist()))
+    for step in sorted(steps, key=lambda st: st.schedule.shape.batch):
+        tasks, i = step.schedule.tasks, rec["task_index"]
+        if 0 <= i < len(tasks) and (int(tasks[i].op), tasks[i].layer, tasks[i].sm) == \
+                (rec["opcode"], rec["layer"], rec["sm"]) and rec["barrier"] in (*tasks[i].waits, tasks[i].load_wait):
+            return step
+    return default

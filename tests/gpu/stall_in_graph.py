@@ -1,0 +1,49 @@
+"""A stall inside a replayed FULL CUDA graph of a batch size Python did not launch last (run by
+test_stall_reporting_in_vllm.py in a fresh process; prints one JSON line).
+
+vLLM captures the decode graphs largest first and then replays them without running Python, so the step the
+decoder launched last is batch 1's. This corrupts batch 8's step in place (one task's wait count one above its
+barrier's target, the timeout cut to 0.2 s): the replayed graph reads the same device tables, stalls, and the
+decoder must poison that step's logits and raise a MegakernelStallError naming batch 8's task.
+"""
+
+import json
+import os
+import sys
+
+
+def corrupt_batch_8(model):
+    from vllm_megakernel.megakernel import abi
+
+    mk = model.megakernel
+    last = mk.last.schedule.shape.batch
+    step = mk.entries[8].step
+    s = step.schedule
+    victim = next(t for t in s.tasks if t.layer == 1 and t.op.name == "O_PROJ" and t.waits)
+    k = s.sm_tasks[victim.sm].index(victim.index)
+    step.tasks[victim.sm, k, abi.field_index(victim.op, "wait0_count")] += 1  # never reached
+    step.step_table[abi.STEP_FIELDS.index("timeout_ns")] = 200_000_000
+    return {"last_launched_batch": last, "victim": victim.index, "built": sorted(mk.entries)}
+
+
+def main():
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=sys.argv[1], additional_config={"megakernel": {"enabled": True, "strict": True}},
+              max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=0.5, enable_prefix_caching=False,
+              compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}, seed=0)
+    result = llm.apply_model(corrupt_batch_8)[0]
+    prompts = [TokensPrompt(prompt_token_ids=[100 + i] * 64) for i in range(8)]
+    try:
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+        result["raised"] = None
+    except Exception as e:  # the engine's error, whatever vLLM wraps it in
+        result["raised"] = f"{type(e).__name__}: {e}"
+    print(json.dumps(result), flush=True)
+    os._exit(0)  # the engine is dead: do not wait for its shutdown
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""A megakernel stall inside vLLM's CUDA graphs is reported for whichever batch size's graph ran, not only for
+the step Python launched last (every step of the decoder shares one stall record)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.gpu
+
+
+def test_a_stall_in_a_replayed_batch_8_graph_raises_naming_batch_8s_task(shallow_checkpoint):
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "stall_in_graph.py"), str(shallow_checkpoint)],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
+    log = proc.stdout + proc.stderr
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert result["last_launched_batch"] != 8 and 8 in result["built"]  # the case the shared record is for
+    assert f"megakernel stalled in the batch-8 step: task {result['victim']} (O_PROJ" in log, log[-6000:]
