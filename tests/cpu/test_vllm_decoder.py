@@ -227,3 +227,22 @@ def test_every_step_the_decoder_builds_shares_its_one_stall_record(tiny_checkpoi
         inp.input_ids, inp.seq_lens = inp.input_ids.to(torch.int32), inp.seq_lens.to(torch.int32)  # vLLM's dtypes
         steps.append(dec._build(len(rows), inp))
     assert [s.schedule.shape.batch for s in steps] == [2, 3] and all(s.error is dec.error for s in steps)
+
+
+def test_building_a_task_list_makes_no_cuda_call(monkeypatch):
+    """The background thread builds while vLLM may be capturing a CUDA graph on the main thread, where any CUDA
+    call from another thread breaks the capture: building and encoding touch no CUDA at all."""
+    import torch
+
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+    from vllm_megakernel.megakernel.vllm_decoder import ScheduleCache
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("a CUDA call while building a task list")
+
+    for name in ("_lazy_init", "current_device", "synchronize", "current_stream", "is_available"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    sched, encoded = ScheduleCache(lambda b: build_schedule(dims, StepShape(batch=b, num_sms=4), 32, 64)).get(3)
+    assert encoded.device.type == "cpu" and encoded.shape[0] == 4

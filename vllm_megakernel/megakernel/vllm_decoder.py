@@ -64,7 +64,8 @@ class ScheduleCache:
     building (1-2 s a size from batch 16 up on the CPU machine) overlaps vLLM's weight loading and
     torch.compile instead of adding to the graph capture. :meth:`get` waits for a size's build under way, or
     builds the size on the calling thread (one not started yet, or one nobody asked for ahead: eager decode
-    batches); a build's error is raised there."""
+    batches); a build's error is raised there. Building makes no CUDA call (plain Python and CPU tensors): a
+    thread that made one while vLLM captures a graph on another would break the capture (global capture mode)."""
 
     def __init__(self, build: Callable[[int], Schedule]):
         self._build = build
