@@ -7,8 +7,12 @@ from conftest import FULL_CONFIG, TINY_CONFIG
 from vllm_megakernel.megakernel.vllm_decoder import is_pure_decode, unsupported_model_reasons
 
 
-def md(max_query_len=1, use_cascade=False):
-    return SimpleNamespace(max_query_len=max_query_len, use_cascade=use_cascade)
+def md(max_query_len=1, use_cascade=False, rows=None):
+    import torch
+
+    rows_of = {} if rows is None else {"seq_lens": torch.zeros(rows, dtype=torch.int32),
+                                       "block_table": torch.zeros(rows, 4, dtype=torch.int32)}
+    return SimpleNamespace(max_query_len=max_query_len, use_cascade=use_cascade, **rows_of)
 
 
 def test_pure_decode_needs_one_query_token_everywhere_and_no_cascade():
@@ -18,6 +22,16 @@ def test_pure_decode_needs_one_query_token_everywhere_and_no_cascade():
     assert not is_pure_decode(None)  # profiling and dummy runs
     assert not is_pure_decode({})
     assert not is_pure_decode([{"a": md()}])  # dual-batch overlap hands a list
+
+
+def test_a_decode_batch_padded_past_its_attention_metadata_runs_on_stock():
+    """Under a FULL graph vLLM pads the metadata with the input ids (padding rows: seq_len 0, the null block);
+    under a PIECEWISE graph it pads only the input ids: 12 requests padded to 16 rows keep 12-row seq_lens and
+    block-table views, whose rows 12-15 the kernel would read from stale or foreign memory."""
+    assert is_pure_decode({"a": md(rows=16), "b": md(rows=16)}, batch=16)
+    assert is_pure_decode({"a": md(rows=16)}, batch=12)  # an eager batch reading a prefix of larger buffers
+    assert not is_pure_decode({"a": md(rows=16), "b": md(rows=12)}, batch=16)
+    assert not is_pure_decode({"a": md()}, batch=1)  # metadata without the buffers: not ours to launch on
 
 
 def test_north_mini_code_fits_the_kernel_and_the_tiny_config_does_not():
@@ -246,3 +260,33 @@ def test_building_a_task_list_makes_no_cuda_call(monkeypatch):
     dims = ref.ModelDims.from_config(TINY_CONFIG)
     sched, encoded = ScheduleCache(lambda b: build_schedule(dims, StepShape(batch=b, num_sms=4), 32, 64)).get(3)
     assert encoded.device.type == "cpu" and encoded.shape[0] == 4
+
+
+def test_a_replaced_step_is_kept_alive_only_if_a_graph_captured_it(monkeypatch):
+    """A step whose buffers moved is rebuilt; the old one stays alive only if a CUDA graph captured it (the
+    graph reads its tables), so eager rebuilds do not pile up device memory; no step is built mid-capture."""
+    import pytest
+    import torch
+
+    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder
+
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    dec = object.__new__(MegakernelDecoder)
+    dec.entries, dec.retired = {}, []
+    built = []
+
+    def build():
+        built.append(SimpleNamespace(n=len(built)))
+        return built[-1]
+
+    eager = dec._step_for(8, ("warm-up buffers",), build)
+    assert dec._step_for(8, ("real buffers",), build) is built[1] and dec.retired == []  # eager only: let go
+    capturing[0] = True
+    assert dec._step_for(8, ("real buffers",), build) is built[1]  # the capture launches the same step
+    capturing[0] = False
+    dec._step_for(8, ("moved buffers",), build)
+    assert dec.retired == [built[1]] and eager not in dec.retired and len(built) == 3
+    capturing[0] = True
+    with pytest.raises(RuntimeError, match="no task list for batch 4 matches the buffers being captured"):
+        dec._step_for(4, ("anything",), build)

@@ -45,14 +45,25 @@ def batch_limit(compilation_config, max_batch: int = MAX_BATCH) -> int:
     return max_batch
 
 
-def is_pure_decode(attn_metadata) -> bool:
-    """Every request has exactly one query token and nothing asks for cascade attention."""
+def is_pure_decode(attn_metadata, batch: int | None = None) -> bool:
+    """Every request has exactly one query token and nothing asks for cascade attention; with ``batch`` (the
+    rows of input ids), the metadata also covers every one of those rows. vLLM pads a decode batch up to a
+    capture size; under a FULL graph it pads the attention metadata too (padding rows: seq_len 0, slot -1,
+    the null block), but under a PIECEWISE graph it pads only the input ids, and the seq_lens and block-table
+    views keep the real request count: the kernel would read the rows past them from stale or, past
+    max_num_seqs, foreign memory, and its task list would be rebuilt whenever the request count changes."""
     if not isinstance(attn_metadata, dict) or not attn_metadata:
         return False  # None during profiling/dummy runs, a list under dual-batch overlap
     for md in attn_metadata.values():
         if getattr(md, "max_query_len", None) != 1 or getattr(md, "use_cascade", False):
             return False
+        if batch is not None and any(_rows(getattr(md, name, None)) < batch for name in ("seq_lens", "block_table")):
+            return False
     return True
+
+
+def _rows(t) -> int:
+    return t.shape[0] if t is not None and t.dim() else 0
 
 
 class ScheduleCache:
@@ -116,6 +127,7 @@ def prebuilt_batches(compilation_config, scheduler_config, max_batch: int) -> li
 class _Entry:
     key: tuple
     step: runtime.DeviceStep
+    captured: bool = False  # launched inside a CUDA graph capture: the graph holds its tables' addresses
 
 
 class MegakernelDecoder:
@@ -137,8 +149,9 @@ class MegakernelDecoder:
         self.schedules = ScheduleCache(lambda batch: build_schedule(self.dims, self._shape(batch),
                                                                     self.moe_intermediate, self.dense_intermediate))
         self.last: runtime.DeviceStep | None = None
-        # Steps replaced after a buffer moved stay alive: a CUDA graph captured against one still holds
-        # the addresses of its tables (vLLM frees its profiling graphs, but nothing tells us when).
+        # Captured steps replaced after a buffer moved stay alive: a CUDA graph captured against one still
+        # holds the addresses of its tables (vLLM frees its profiling graphs, but nothing tells us when). A
+        # step only ever launched eagerly is freed when replaced.
         self.retired: list[runtime.DeviceStep] = []
         # Allocated here, in the model's constructor, so vLLM's memory profiling sees it before it sizes
         # the KV cache; shared by the task lists of every batch size.
@@ -160,7 +173,7 @@ class MegakernelDecoder:
         ws["route_log"] = torch.full((self.dims.num_layers * self.max_batch * self.dims.top_k,), -1,
                                      dtype=torch.int32, device=ws["x"].device)
         self.routing_recorded = True
-        self.retired += [e.step for e in self.entries.values()]
+        self.retired += [e.step for e in self.entries.values() if e.captured]
         self.entries.clear()
 
     def recorded_routing(self, batch: int) -> torch.Tensor:
@@ -181,7 +194,7 @@ class MegakernelDecoder:
 
         if not is_forward_context_available():
             return False
-        return is_pure_decode(get_forward_context().attn_metadata)
+        return is_pure_decode(get_forward_context().attn_metadata, input_ids.shape[0])
 
     # -- the launch
     def decode(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -190,20 +203,29 @@ class MegakernelDecoder:
         fc = get_forward_context()
         batch = input_ids.shape[0]
         inputs, key = self._inputs(fc, input_ids, positions)
+        step = self._step_for(batch, key, lambda: self._build(batch, inputs))
+        runtime.launch(step)
+        self.last = step
+        return step.out[:batch]
+
+    def _step_for(self, batch: int, key: tuple, build) -> runtime.DeviceStep:
+        """The step of this batch size for these buffers (``key``), built by ``build()`` when the size has none
+        or its buffers moved. A step launched inside a graph capture is kept alive when replaced (the graph
+        reads its tables); one only ever launched eagerly is let go."""
+        capturing = torch.cuda.is_current_stream_capturing()
         entry = self.entries.get(batch)
         if entry is None or entry.key != key:
-            if torch.cuda.is_current_stream_capturing():
+            if capturing:
                 raise RuntimeError(
                     f"vllm_megakernel: no task list for batch {batch} matches the buffers being captured; "
                     "vLLM's eager warm-up before capture should have built it"
                 )
-            if entry is not None:
+            if entry is not None and entry.captured:
                 self.retired.append(entry.step)
-            entry = _Entry(key, self._build(batch, inputs))
+            entry = _Entry(key, build())
             self.entries[batch] = entry
-        runtime.launch(entry.step)
-        self.last = entry.step
-        return entry.step.out[:batch]
+        entry.captured |= capturing
+        return entry.step
 
     def _inputs(self, fc, input_ids, positions) -> tuple[DecodeInputs, tuple]:
         groups: dict[tuple, int] = {}
@@ -250,10 +272,13 @@ class MegakernelDecoder:
 
     # -- stalls never turn into plausible tokens
     def poison_on_error(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """NaN hidden states when the last launch gave up on a barrier (device-side, no host sync), and
-        a :class:`~vllm_megakernel.megakernel.runtime.MegakernelStallError` naming the stalled task and
-        barrier one step later, from a flag copied back asynchronously. Every step shares one stall record,
-        so this holds for whichever batch size's graph ran."""
+        """NaN hidden states when a launch gave up on a barrier (device-side, no host sync), and a
+        :class:`~vllm_megakernel.megakernel.runtime.MegakernelStallError` naming the stalled task and barrier
+        from a flag copied back asynchronously, at the first compute_logits that reads it set: one step later,
+        or two under vLLM's async scheduling (which runs the next step's compute_logits while the stalled step
+        waits out its timeout). The steps in between are NaN too (the record stays set until the raise), so
+        their tokens come from NaN logits (greedy sampling takes token 0), never from a plausible hidden
+        state. Every step shares one stall record, so this holds for whichever batch size's graph ran."""
         if self.last is None:  # no step built yet: nothing has run
             return hidden_states
         if int(self._error_flag_host[0]):
