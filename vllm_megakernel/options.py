@@ -180,13 +180,16 @@ def unsupported_setup_reasons(
     moe_backends: Iterable[str] = (),
     device_capability: tuple[int, int] | None = None,
     routing_simulation: str = "",
+    kv_cache_layout: str = "NHD",
 ) -> list[str]:
     """Every reason the megakernel cannot serve this setup (empty when it can).
 
     ``attention_backends`` are the backend names of the model's ``Attention`` layers, ``moe_backends`` the
     expert-kernel backends of its MoE layers, ``device_capability`` the GPU's (major, minor); all three are
     known only once the model is built on a device, so the caller passes them in. ``routing_simulation``
-    is vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY.
+    is vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY, ``kv_cache_layout`` vLLM's KV cache layout
+    (vllm.v1.attention.backends.utils.get_kv_cache_layout: NHD unless VLLM_KV_CACHE_LAYOUT or a KV connector
+    asks for HND).
     """
     reasons: list[str] = []
     par = vllm_config.parallel_config
@@ -202,6 +205,18 @@ def unsupported_setup_reasons(
         reasons.append("speculative decoding is on")
     if vllm_config.lora_config is not None:
         reasons.append("LoRA is on")
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        # its per-layer load waits and saves hang off vLLM's attention op, which a megakernel step never calls
+        reasons.append("a KV connector is on (kv_transfer_config): the megakernel neither waits for a layer's "
+                       "KV to load nor saves it layer by layer")
+    if kv_cache_layout != "NHD":
+        reasons.append(f"KV cache layout {kv_cache_layout} (the megakernel reads FlashAttention's NHD blocks)")
+    if getattr(vllm_config.model_config, "enable_return_routed_experts", False):
+        reasons.append("enable_return_routed_experts is on (the megakernel's routing does not reach vLLM's "
+                       "routed-experts capture)")
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        reasons.append("vLLM's V2 model runner is on (VLLM_USE_V2_MODEL_RUNNER; the megakernel is built and "
+                       "tested against the V1 runner's buffers and CUDA graphs)")
     if vllm_config.quant_config is not None:
         reasons.append(f"quantization {vllm_config.quant_config.get_name()!r} is on")
     cache_dtype = str(vllm_config.cache_config.cache_dtype)

@@ -93,6 +93,10 @@ def test_supported_setup_has_no_reasons():
     ({}, {"moe_backends": ["FLASHINFER_CUTLASS"]}, "MoE backend FLASHINFER_CUTLASS"),
     ({}, {"device_capability": (10, 0)}, "compute capability 10.0"),
     ({}, {"routing_simulation": "normal_random"}, "VLLM_MOE_ROUTING_SIMULATION_STRATEGY=normal_random"),
+    ({"kv_transfer_config": object()}, {}, "a KV connector is on"),
+    ({}, {"kv_cache_layout": "HND"}, "KV cache layout HND"),
+    ({"model_config__enable_return_routed_experts": True}, {}, "enable_return_routed_experts"),
+    ({"use_v2_model_runner": True}, {}, "V2 model runner"),
 ])
 def test_each_unsupported_setup_is_named(override, backends, reason):
     reasons = unsupported_setup_reasons(supported_config(**override), **{**GOOD, **backends})

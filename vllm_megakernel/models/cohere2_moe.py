@@ -48,6 +48,13 @@ def moe_backend_names(model: nn.Module) -> Iterator[str]:
             yield str(getattr(backend, "name", backend))
 
 
+def _kv_cache_layout() -> str:
+    """vLLM's KV cache layout for this engine (NHD unless VLLM_KV_CACHE_LAYOUT or a KV connector asks for HND)."""
+    from vllm.v1.attention.backends.utils import get_kv_cache_layout
+
+    return get_kv_cache_layout() or "NHD"
+
+
 def _routing_simulation() -> str:
     """vLLM's VLLM_MOE_ROUTING_SIMULATION_STRATEGY (stock's router reads the same): "" when routing is real."""
     import vllm.envs as envs
@@ -75,6 +82,10 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
                 uniform_routing=routing_simulation == UNIFORM_ROUTING,
                 prebuild=prebuilt_batches(vllm_config.compilation_config, vllm_config.scheduler_config, max_batch),
             )
+            # A buffer of the model, so that vLLM's level-2 sleep (which discards the memory allocated while
+            # the model is built and restores only its buffers) gives the stall record back cleared; the rest
+            # of the decoder's workspace is rewritten by every step before it is read.
+            self.register_buffer("megakernel_stall_record", self.megakernel.error, persistent=False)
 
     @torch.no_grad()
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
@@ -100,6 +111,7 @@ class MegakernelCohere2MoeForCausalLM(Cohere2MoeForCausalLM):
                 moe_backends=moe_backend_names(self),
                 device_capability=None if capability is None else tuple(capability),
                 routing_simulation=routing_simulation,
+                kv_cache_layout=_kv_cache_layout(),
             )
             if not current_platform.is_cuda():
                 reasons.append(f"platform {type(current_platform).__name__} is not CUDA")
