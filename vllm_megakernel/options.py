@@ -214,6 +214,12 @@ def unsupported_setup_reasons(
     if getattr(vllm_config.model_config, "enable_return_routed_experts", False):
         reasons.append("enable_return_routed_experts is on (the megakernel's routing does not reach vLLM's "
                        "routed-experts capture)")
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    if getattr(mode, "name", None) == "FULL":
+        # vLLM captures every FULL graph of this mode with a mixed dummy batch (max_query_len = its token
+        # count), so the graphs it replays for decode batches hold the stock forward, not the megakernel
+        reasons.append("cudagraph_mode=FULL captures decode batches as mixed ones (use FULL_AND_PIECEWISE, vLLM's "
+                       "default, or FULL_DECODE_ONLY)")
     if getattr(vllm_config, "use_v2_model_runner", False):
         reasons.append("vLLM's V2 model runner is on (VLLM_USE_V2_MODEL_RUNNER; the megakernel is built and "
                        "tested against the V1 runner's buffers and CUDA graphs)")

@@ -74,6 +74,14 @@ GOOD = dict(attention_backends=["FLASH_ATTN"] * 3, moe_backends=["TRITON"] * 2, 
 
 def test_supported_setup_has_no_reasons():
     assert unsupported_setup_reasons(supported_config(), **GOOD) == []
+    from vllm.config.compilation import CUDAGraphMode
+
+    for mode in (CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.PIECEWISE,
+                 CUDAGraphMode.NONE):
+        graphs = supported_config(compilation_config=SimpleNamespace(cudagraph_mode=mode))
+        assert unsupported_setup_reasons(graphs, **GOOD) == []
+    full = supported_config(compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL))
+    assert unsupported_setup_reasons(full, **GOOD) != []
     # the megakernel simulates vLLM's uniform routing itself (the step table's uniform_routing)
     assert unsupported_setup_reasons(supported_config(), **GOOD, routing_simulation="uniform_random") == []
 
@@ -97,6 +105,7 @@ def test_supported_setup_has_no_reasons():
     ({}, {"kv_cache_layout": "HND"}, "KV cache layout HND"),
     ({"model_config__enable_return_routed_experts": True}, {}, "enable_return_routed_experts"),
     ({"use_v2_model_runner": True}, {}, "V2 model runner"),
+    ({"compilation_config": SimpleNamespace(cudagraph_mode=SimpleNamespace(name="FULL"))}, {}, "cudagraph_mode=FULL"),
 ])
 def test_each_unsupported_setup_is_named(override, backends, reason):
     reasons = unsupported_setup_reasons(supported_config(**override), **{**GOOD, **backends})
