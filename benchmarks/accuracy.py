@@ -4,8 +4,9 @@
    side, the switch passed in model_args' additional_config. Scores on random weights say little, and
    nmc_mc's loglikelihoods come from prefill (stock code on both sides), so the generation task's answers
    are also compared item by item: on how many items the two sides generated the very same text;
-2. greedy generation of --max-tokens tokens per prompt on both sides: first-divergence position, and the
-   mean / min cosine of the steps' top-20 logprobs before it.
+2. greedy generation of --max-tokens tokens per prompt on both sides: first-divergence position, and over the
+   decode steps before it the share of top-20 tokens both sides list and their largest logprob difference
+   (benchmarks.agreement says why not a cosine).
 
     python -m benchmarks.accuracy --model /models/nmc-5l --out benchmarks/results/NAME-accuracy
 
