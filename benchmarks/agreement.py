@@ -2,8 +2,8 @@
 
 vLLM returns each step's top-k logprobs, not its logits. On the random checkpoints the tests use, a step's
 top-20 logprobs lie within about one nat of each other around -9, so a cosine of two such vectors is close to 1
-for any two steps, related or not (session Y measured 0.9987-0.9998 over 192 pairs of stock's own steps 0-15 of different
-prompts, which share no top-20 token): it was dropped. What separates agreement from coincidence is which
+for any two steps, related or not (session Y measured 0.9987-0.9998 over 192 pairs of stock's own steps 0-15
+of different prompts, which share no top-20 token): it was dropped. What separates agreement from coincidence is which
 tokens make the top k and what each side gives them: per decode step before the first divergence, the share
 of the top-k tokens both sides list (unrelated steps: 0 of 20) and the largest logprob difference over those
 shared tokens (bf16 agreement: a few hundredths of a nat). Step 0 is the prefill's token, vLLM's own forward on
