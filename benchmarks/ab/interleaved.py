@@ -31,6 +31,13 @@ the 17-split step stood at cosine 0.998 and max error 7% from the reference, bey
 base's own distance sets the bar). The first variant is
 the base. After the rounds, one traced launch per variant gives kernel_profile's per-wave report (report.md, a
 row per variant; its step time the median of the variant's rounds).
+
+``--control`` adds an A/A row, ``control``: a copy of the base's extension file, loaded as a module of its own
+(its code placed anew), on the base's schedule and step. What it shows against the base is this process's noise
+for a code change; a variant within it has not shown a change. (A variant naming the base's own file is the base's
+module, so it measured round-to-round noise only: session S's "base2".) Between processes batch 1 has moved
+more than within one: session T's three runs of one comparison gave -2.77 / -3.32 / -3.94%, each with a range
+over rounds narrower than that spread.
 """
 
 from __future__ import annotations
@@ -64,6 +71,21 @@ def parse_variants(items: list[str]) -> list[tuple[str, Path, str]]:
     if len(out) < 2:
         raise ValueError("--variant: at least two (the first is the base)")
     return out
+
+
+CONTROL = "control"
+
+
+def with_control(variants: list[tuple[str, Path, str]], folder: Path) -> list[tuple[str, Path, str]]:
+    """``variants`` with an A/A control right after the base: a copy of the base's extension in ``folder`` (a
+    file of its own, so it loads as a module of its own) on the base's schedule."""
+    if any(name == CONTROL for name, _, _ in variants):
+        raise ValueError(f"--control: a variant is already named {CONTROL!r}")
+    (base, path, schedule), rest = variants[0], variants[1:]
+    copy = folder / f"{CONTROL}{''.join(path.suffixes)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    copy.write_bytes(path.read_bytes())
+    return [(base, path, schedule), (CONTROL, copy, schedule), *rest]
 
 
 def load_extension(name: str, path: Path, abi_version: int):
@@ -233,10 +255,16 @@ def main(argv=None) -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--control", action="store_true",
+                    help="add an A/A row: a copy of the base's extension, loaded as its own module, on its schedule")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.iters < 1:
         ap.error("--rounds and --iters must be at least 1")
     variants = parse_variants(args.variant)
+    if args.control:
+        import tempfile
+
+        variants = with_control(variants, Path(tempfile.mkdtemp(prefix="ab-control-")))
     from benchmarks.kernel_profile import parse_schedule
 
     for _, _, schedule in variants:

@@ -207,6 +207,21 @@ def test_an_extension_of_another_abi_or_without_the_decode_kernel_is_refused(tmp
         interleaved.load_extension("missing", tmp_path / "missing.so", 11)
 
 
+def test_the_control_is_a_copy_of_the_base_extension_on_the_base_schedule(tmp_path):
+    """--control's A/A row: the base's file copied (a path of its own loads as a module of its own), on the base's
+    schedule, right after the base; a variant already named control is refused."""
+    base = tmp_path / "base.cpython-312-x86_64-linux-gnu.so"
+    base.write_bytes(b"\x7fELF the base build")
+    variants = interleaved.parse_variants([f"base={base}@qkv_rows=32", "fast=f.so"])
+    got = interleaved.with_control(variants, tmp_path / "ctl")
+    assert [(n, s) for n, _, s in got] == [("base", "qkv_rows=32"), ("control", "qkv_rows=32"), ("fast", "default")]
+    copy = got[1][1]
+    assert copy.read_bytes() == base.read_bytes() and copy.resolve() != base.resolve()
+    assert copy.name == "control.cpython-312-x86_64-linux-gnu.so"
+    with pytest.raises(ValueError, match="already named 'control'"):
+        interleaved.with_control(interleaved.parse_variants([f"base={base}", "control=f.so"]), tmp_path / "x")
+
+
 def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_the_table(tmp_path, monkeypatch):
     """main()'s wiring on the CPU, its GPU pieces stood in for: variants of one schedule run one step, a schedule
     of its own gets its own; every variant is launched (and traced) with its own extension; the table, the
@@ -260,7 +275,7 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
 
     monkeypatch.setattr(interleaved, "reference_distance", fake_reference_distance)
     monkeypatch.setattr(sol, "measure_bandwidth", lambda: 4.0e12)
-    step_us = {"base": 100e-6, "fast": 99e-6, "q32": 101e-6, "wrong": 100e-6}
+    step_us = {"base": 100e-6, "fast": 99e-6, "q32": 101e-6, "wrong": 100e-6, "control": 100e-6}
     monkeypatch.setattr(sol, "cuda_times", lambda fn, iters, warmup=2: (fn(), [step_us[launched[-1][0]]] * iters)[1])
     monkeypatch.setattr(ref.Weights, "random", classmethod(lambda cls, *a, **k: types.SimpleNamespace(
         intermediates=lambda: (768, 12288))))
@@ -288,6 +303,12 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
     # a variant of another schedule is checked against the reference, not against the base's output
     assert checked == [("base", 64), ("base", 32), ("base", 40), ("base", 32)]  # per batch: base's schedule, q32's
     assert "| 8 | q32 | 100 | +0.00% |" in text and "vs reference: cosine >= 0.999890, max err 1.6%" in text
+    # --control: the base's file copied and loaded as its own module, timed on the base's step
+    exts.clear()
+    (tmp_path / "b.so").write_bytes(b"base build")
+    interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--rounds", "2", "--iters", "1",
+                      "--variant", f"base={tmp_path / 'b.so'}", "--variant", "fast=f.so", "--control"])
+    assert sorted(exts) == ["base", "control", "fast"] and exts["control"].path != exts["base"].path
     with pytest.raises(AssertionError, match="wrong's step output"):
         interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--variant", "base=b.so",
                           "--variant", "wrong=w.so"])
