@@ -73,6 +73,15 @@ def expected_distinct_experts(num_experts: int, top_k: int, batch: int) -> float
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
 
 
+def expected_distinct_experts_with_replacement(num_experts: int, top_k: int, batch: int) -> float:
+    """The same when each token draws its top_k experts independently, repeats allowed, as vLLM's uniform
+    routing simulator does (torch.randint): an expert is missed by each of the batch x top_k draws with
+    probability 1 - 1/E."""
+    if batch <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** (top_k * batch))
+
+
 def sol_tokens_per_s(mb: ModelBytes, batch: int, context: int, bandwidth_bytes_per_s: float,
                      distinct_experts: float | None = None) -> float:
     """Aggregate decode tok/s at the memory speed of light for `batch` requests of `context` tokens."""

@@ -47,6 +47,13 @@ def test_expected_distinct_experts_formula_against_sampling():
         trials = [len({e for _ in range(batch) for e in rng.sample(range(128), 8)}) for _ in range(4000)]
         assert expected_distinct_experts(128, 8, batch) == pytest.approx(sum(trials) / len(trials), rel=0.01)
     assert expected_distinct_experts(128, 8, 1000) == pytest.approx(128, rel=1e-3)
+    # vLLM's uniform routing simulator: torch.randint, repeats allowed within a token
+    from benchmarks.sol import expected_distinct_experts_with_replacement
+
+    for batch in (1, 8):
+        trials = [len({rng.randrange(128) for _ in range(8 * batch)}) for _ in range(4000)]
+        assert expected_distinct_experts_with_replacement(128, 8, batch) == pytest.approx(sum(trials) / len(trials),
+                                                                                            rel=0.01)
 
 
 @pytest.mark.parametrize("blocks, max_model_len, logged", [(168162, 33040, 28.46), (168443, 262144, 8.33),
@@ -233,6 +240,16 @@ def test_uniform_routing_simulates_both_sides_and_its_sol_uses_the_uniform_formu
     uniform8 = expected_distinct_experts(config["num_experts"], config["num_experts_per_tok"], 8)
     assert f"| 8 | 8K | 1600 (1568-1616) | 2400 (2352-2424) | 1.50x | {uniform8:.1f} (uniform) |" in table
     assert "Routing simulated" not in report.markdown(recorded(config))
+    # each side's % of SOL counts its own draws: stock's simulator repeats experts within a token (torch.randint),
+    # so it moves fewer expert bytes than the megakernel's distinct draws and its SOL is higher
+    from benchmarks.sol import expected_distinct_experts_with_replacement
+
+    row = next(r for r in report.summarize(result) if r["batch"] == 8 and r["context"] == 8192)
+    repeats = expected_distinct_experts_with_replacement(config["num_experts"], config["num_experts_per_tok"], 8)
+    assert repeats < uniform8
+    stock_sol = sol_tokens_per_s(ModelBytes.from_config(config), 8, 8192, result["bandwidth_bytes_per_s"], repeats)
+    assert row["stock_pct_sol"] == pytest.approx(100 * 1600 / stock_sol)
+    assert row["megakernel_pct_sol"] == pytest.approx(100 * 2400 / row["sol_tok_s"])
 
 
 def test_a_sweep_cut_short_keeps_the_cases_it_finished(config, tmp_path):
