@@ -34,9 +34,13 @@ def max_logprob_diff(a: dict[str, float], b: dict[str, float]) -> float | None:
 def summarize(stock: dict, mk: dict) -> dict:
     """Per prompt: the first divergence and, over the decode steps before it (steps 1 .. divergence - 1: the
     same context on both sides and the same token chosen), how many there are, the median and least top-k
-    overlap, and the median and largest shared-token logprob difference (None without such a step)."""
-    out: dict[str, list] = {"first_divergence": [], "decode_steps": [], "median_top_overlap": [],
-                            "min_top_overlap": [], "median_max_logprob_diff": [], "max_logprob_diff": []}
+    overlap, and the median and largest shared-token logprob difference (None without such a step). Over every
+    prompt's such steps together (``all_prompts``): their count and the two medians, which a prompt with one
+    step at a routing flip (a same-token step whose lists part: 13 of 20 shared in session W) cannot swing."""
+    out: dict = {"first_divergence": [], "decode_steps": [], "median_top_overlap": [], "min_top_overlap": [],
+                 "median_max_logprob_diff": [], "max_logprob_diff": []}
+    every_overlap: list[float] = []
+    every_diff: list[float] = []
     for i, (ta, tb) in enumerate(zip(stock["tokens"], mk["tokens"])):
         div = first_divergence(ta, tb)
         out["first_divergence"].append(div)
@@ -50,4 +54,11 @@ def summarize(stock: dict, mk: dict) -> dict:
         out["min_top_overlap"].append(min(overlap) if overlap else None)
         out["median_max_logprob_diff"].append(statistics.median(diffs) if diffs else None)
         out["max_logprob_diff"].append(max(diffs) if diffs else None)
+        every_overlap += overlap
+        every_diff += diffs
+    if "logprobs" in stock and "logprobs" in mk:
+        out["all_prompts"] = {
+            "decode_steps": len(every_overlap),
+            "median_top_overlap": statistics.median(every_overlap) if every_overlap else None,
+            "median_max_logprob_diff": statistics.median(every_diff) if every_diff else None}
     return out

@@ -697,6 +697,7 @@ def test_agreement_metrics():
     assert s["first_divergence"] == [3, 0] and s["decode_steps"] == [2, 0]
     assert s["median_top_overlap"] == [0.75, None] and s["min_top_overlap"] == [0.5, None]
     assert s["max_logprob_diff"] == [0.0, None]
+    assert s["all_prompts"] == {"decode_steps": 2, "median_top_overlap": 0.75, "median_max_logprob_diff": 0.0}
 
 
 def test_agreement_tells_the_committed_greedy_runs_from_unrelated_steps():
@@ -708,13 +709,11 @@ def test_agreement_tells_the_committed_greedy_runs_from_unrelated_steps():
 
     folder = REPO / "benchmarks" / "results" / "h200-2026-12-04-v2-session-w" / "call4" / "accuracy"
     stock, mk = (json.loads((folder / f"greedy-{side}.json").read_text()) for side in ("stock", "megakernel"))
-    s = summarize(stock, mk)
-    compared = [i for i, n in enumerate(s["decode_steps"]) if n]
-    assert compared and all(s["median_top_overlap"][i] >= 0.9 for i in compared)
-    assert all(s["median_max_logprob_diff"][i] <= 0.05 for i in compared)
+    s = summarize(stock, mk)["all_prompts"]  # what the GPU greedy tests ask: >= 0.8 and <= 0.1 nat
+    assert s["decode_steps"] == 17 and s["median_top_overlap"] >= 0.9 and s["median_max_logprob_diff"] <= 0.05
     shifted = {"tokens": stock["tokens"], "logprobs": mk["logprobs"][1:] + mk["logprobs"][:1]}
-    unrelated = summarize(stock, shifted)
-    assert all(o == 0.0 for o in unrelated["median_top_overlap"] if o is not None)
+    unrelated = summarize(stock, shifted)["all_prompts"]
+    assert unrelated["median_top_overlap"] == 0.0
 
 
 def test_local_lm_eval_tasks_load_offline_and_score(tmp_path):

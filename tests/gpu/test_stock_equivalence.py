@@ -34,22 +34,23 @@ def greedy(model_dir, additional_config, plugins_on=True, *args):
 def assert_megakernel_agrees_with_stock_until_a_near_tie(stock: dict, mk: dict, label: str) -> None:
     """Two correct bf16 greedy streams part at the first near-tie, so the check is on the decode steps before
     it: the megakernel decoded (log line, no stall), the first token is the same (vLLM's own prefill on both),
-    and on every prompt with a decode step before its divergence the two sides list mostly the same top-20
-    tokens (median share >= 0.8; steps of unrelated contexts share none) with logprobs within 0.1 nat (median
-    of each step's largest difference; bf16 agreement gives a few hundredths), and the megakernel's stream is a
-    real one. Prints benchmarks.agreement.summarize's figures first, so a failure shows them."""
+    and over every prompt's decode steps before its divergence the two sides list mostly the same top-20 tokens
+    (median share >= 0.8; steps of unrelated contexts share none) with logprobs within 0.1 nat (median of each
+    step's largest difference; bf16 agreement gives a few hundredths; session W's run: 0.95 and 0.03 over 17
+    steps), and the megakernel's stream is a real one. Prints benchmarks.agreement.summarize's figures first, so
+    a failure shows them."""
     agreement = summarize(stock, mk)
     print(f"{label}: first divergence per prompt (of {len(stock['tokens'][0])} tokens): "
           f"{agreement['first_divergence']}; decode steps compared {agreement['decode_steps']}; top-20 overlap "
           f"median {agreement['median_top_overlap']}, min {agreement['min_top_overlap']}; largest shared-token "
-          f"logprob difference median {agreement['median_max_logprob_diff']}, max {agreement['max_logprob_diff']}")
+          f"logprob difference median {agreement['median_max_logprob_diff']}, max {agreement['max_logprob_diff']}; "
+          f"all prompts' decode steps together {agreement['all_prompts']}")
     assert "vllm_megakernel: decode runs on the megakernel" in mk["log"]
     assert "MegakernelStallError" not in mk["log"]
     assert min(agreement["first_divergence"]) >= 1
-    compared = [i for i, n in enumerate(agreement["decode_steps"]) if n]
-    assert compared, "no prompt has a decode step before its first divergence: nothing to compare"
-    assert all(agreement["median_top_overlap"][i] >= 0.8 for i in compared)
-    assert all(agreement["median_max_logprob_diff"][i] <= 0.1 for i in compared)
+    pooled = agreement["all_prompts"]
+    assert pooled["decode_steps"] >= 1, "no prompt has a decode step before its first divergence: nothing to compare"
+    assert pooled["median_top_overlap"] >= 0.8 and pooled["median_max_logprob_diff"] <= 0.1
     assert all(len(set(t)) > 4 for t in mk["tokens"])  # not a constant or NaN-argmax stream
 
 
