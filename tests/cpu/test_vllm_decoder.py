@@ -214,6 +214,13 @@ def test_the_step_that_stalled_is_the_one_whose_schedule_has_the_recorded_task_o
     record[1] = task.sm
     record[5] = max(task.waits) + 1  # nor that task waiting on another barrier
     assert stalled_step(record, steps, default=steps[0]) is steps[0]
+    # a claimed expert tile runs on whichever SM claims it: the recorded SM is not the one it was dealt to
+    claimed = [SimpleNamespace(schedule=build_schedule(dims, StepShape(batch=b, num_sms=5, expert_claims=True), 32,
+                                                       64)) for b in (2, 17)]
+    down = next(t for t in claimed[1].schedule.tasks[len(claimed[0].schedule.tasks):] if t.op.name == "MOE_DOWN")
+    _stall_in(claimed[1], down, record)
+    record[1] = (down.sm + 2) % 5
+    assert stalled_step(record, claimed, default=claimed[0]) is claimed[1]
 
 
 def test_every_step_the_decoder_builds_shares_its_one_stall_record(tiny_checkpoint):

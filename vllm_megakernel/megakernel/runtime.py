@@ -246,6 +246,8 @@ def check(step: DeviceStep) -> None:
     s = step.schedule
     task = s.tasks[err["task_index"]] if 0 <= err["task_index"] < len(s.tasks) else None
     what = task.describe() if task else f"task {err['task_index']}"
+    if task is not None and task.claim != abi.NO_BARRIER:  # it ran on the SM that claimed it, named below
+        what += " (a claimed expert tile, dealt there)"
     raise MegakernelStallError(
         f"megakernel stalled in the batch-{s.shape.batch} step: {what} (opcode {abi.Op(err['opcode']).name}, "
         f"layer {err['layer']}) on SM {err['sm']} "

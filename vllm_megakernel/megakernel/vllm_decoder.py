@@ -20,6 +20,7 @@ from concurrent.futures import Future
 import torch
 
 from vllm_megakernel.megakernel import abi, layout, runtime
+from vllm_megakernel.megakernel.abi import NO_BARRIER
 from vllm_megakernel.megakernel.schedule import Schedule, StepShape, build_schedule
 from vllm_megakernel.reference import DecodeInputs, KVGroup, ModelDims, Weights
 
@@ -292,12 +293,16 @@ class MegakernelDecoder:
 def stalled_step(error: torch.Tensor, steps: list[runtime.DeviceStep],
                  default: runtime.DeviceStep) -> runtime.DeviceStep:
     """Which of the steps sharing the stall record ``error`` wrote it: the first (smallest batch) whose schedule
-    has the recorded task -- its index, opcode and layer, waiting on the recorded barrier -- on the recorded SM;
-    ``default`` when none has (the error then still names the record's raw fields)."""
+    has the recorded task -- its index, opcode and layer, waiting on the recorded barrier -- on the recorded SM
+    (any SM for a claimed expert tile, which runs on whichever SM claims it); ``default`` when none has (the
+    error then still names the record's raw fields)."""
     rec = dict(zip(abi.ERROR_FIELDS, error.tolist()))
     for step in sorted(steps, key=lambda st: st.schedule.shape.batch):
         tasks, i = step.schedule.tasks, rec["task_index"]
-        if 0 <= i < len(tasks) and (int(tasks[i].op), tasks[i].layer, tasks[i].sm) == \
-                (rec["opcode"], rec["layer"], rec["sm"]) and rec["barrier"] in (*tasks[i].waits, tasks[i].load_wait):
+        if not 0 <= i < len(tasks):
+            continue
+        t = tasks[i]
+        if (int(t.op), t.layer) == (rec["opcode"], rec["layer"]) and rec["barrier"] in (*t.waits, t.load_wait) \
+                and (t.sm == rec["sm"] or t.claim != NO_BARRIER):
             return step
     return default
