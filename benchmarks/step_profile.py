@@ -28,6 +28,7 @@ own forward on both sides; this says whether the engine shows it and in which ke
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -130,18 +131,16 @@ def worker(args) -> None:
                                "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False,
                                "torch_profiler_dump_cuda_time_total": True})
     info = {**llm.apply_model(_decision)[0], "engine_init_s": round(time.perf_counter() - engine_start, 1)}
-    engine = llm.llm_engine
-    prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, args.context, i)) for i in range(args.batch)]
     if args.phase == "prefill":
         return _prefill_worker(args, llm, info)
+    engine = llm.llm_engine
+    prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, args.context, i)) for i in range(args.batch)]
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
 
     def run(profile: bool) -> float:
-        for i, p in enumerate(prompts):
-            engine.add_request(f"profile-{profile}-{time.monotonic_ns()}-{i}", p, params)
-        started: set[str] = set()
-        while len(started) < len(prompts):  # the prefill (cached prompts: their last block) and first tokens
-            started.update(o.request_id for o in engine.step() if o.outputs and o.outputs[0].token_ids)
+        # the prefill (cached prompts: their last block) and first tokens
+        _to_first_tokens(engine, [(f"profile-{profile}-{time.monotonic_ns()}-{i}", p) for i, p in enumerate(prompts)],
+                         params)
         for _ in range(args.steps):  # decode steps nobody times: graphs, caches and clocks settle
             engine.step()
         if profile:
@@ -162,6 +161,15 @@ def worker(args) -> None:
     write_json_atomic(args.out, {"side": args.worker, "wall_ms_per_step": 1000 * wall / args.steps, **info})
 
 
+def _to_first_tokens(engine, requests: list[tuple[str, object]], params) -> None:
+    """Adds the (request id, prompt) requests and steps the engine until every one has its first token."""
+    for rid, prompt in requests:
+        engine.add_request(rid, prompt, params)
+    started: set[str] = set()
+    while len(started) < len(requests):
+        started.update(o.request_id for o in engine.step() if o.outputs and o.outputs[0].token_ids)
+
+
 FIRST_TOKEN_NEW_TOKENS = 8  # enough that a decode step is scheduled behind the prefill, as when serving
 
 
@@ -177,25 +185,23 @@ def _prefill_worker(args, llm, info: dict) -> None:
     from benchmarks.decode_sweep import prompt_ids
 
     engine = llm.llm_engine
-    runs = iter(range(1, 1 << 30))
+    runs = itertools.count(1)
 
     def unit(max_tokens: int) -> float:
         k = next(runs)  # a new seed a unit: prefix caching must not find any of the prompt
+        requests = [(f"prefill-{k}-{i}", TokensPrompt(prompt_token_ids=prompt_ids(args.seed + k, args.context, i)))
+                    for i in range(args.batch)]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         t0 = time.perf_counter()
-        for i in range(args.batch):
-            engine.add_request(f"prefill-{k}-{i}",
-                               TokensPrompt(prompt_token_ids=prompt_ids(args.seed + k, args.context, i)), params)
-        started: set[str] = set()
-        while len(started) < args.batch:
-            started.update(o.request_id for o in engine.step() if o.outputs and o.outputs[0].token_ids)
+        _to_first_tokens(engine, requests, params)
         elapsed = time.perf_counter() - t0
         while engine.has_unfinished_requests():
             engine.step()
         return 1000 * elapsed
 
     for _ in range(2):
-        unit(FIRST_TOKEN_NEW_TOKENS), unit(1)
+        unit(FIRST_TOKEN_NEW_TOKENS)
+        unit(1)
     first = [unit(FIRST_TOKEN_NEW_TOKENS) for _ in range(args.steps)]
     alone = [unit(1) for _ in range(args.steps)]
     llm.start_profile()
