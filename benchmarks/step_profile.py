@@ -23,6 +23,11 @@ own forward on both sides; this says whether the engine shows it and in which ke
 
     python -m benchmarks.step_profile --model configs/north-mini-code --load-format dummy \\
         --phase prefill --batch 1 --context 1024 --steps 8 --out benchmarks/results/NAME
+
+``--phase decode,prefill`` runs both phases in one engine per side, in that order (an engine start is most of
+a side's time: 50-125 s against seconds of measuring), each with its own trace, ``table-PHASE.md`` and
+``profile-PHASE.json``, and ``table.md`` holding both; ``--prefill-batch`` sets the prefill units' prompt
+count (default ``--batch``), so one call can profile batch 8's decode step and batch 1's prefill.
 """
 
 from __future__ import annotations
@@ -110,29 +115,72 @@ def markdown(result: dict) -> str:
 
 
 def worker(args) -> None:
-    """One side: build the engine with vLLM's torch profiler configured, warm up, record ``steps`` pure
-    decode steps, time as many without the profiler, write a small JSON."""
+    """One side: build the engine with vLLM's torch profiler configured, then each phase of ``--phase`` in
+    order on it, each writing a small JSON (``phase_path``) and leaving its trace in ``trace_dir/PHASE``."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # for apply_model
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
-    from benchmarks.decode_sweep import LEN_MARGIN, _decision, prompt_ids
+    from benchmarks.decode_sweep import LEN_MARGIN, _decision
 
-    # enough new tokens per request for the warm-up steps, the timed ones and the profiled ones, with slack
-    # for the steps in flight under async scheduling
-    new_tokens = 3 * args.steps + 8
     trace_dir = Path(args.trace_dir).resolve()
     trace_dir.mkdir(parents=True, exist_ok=True)
     engine_start = time.perf_counter()
     llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True, enable_prefix_caching=True,
-              additional_config=SIDE_CONFIG[args.worker], max_model_len=args.context + new_tokens + LEN_MARGIN,
-              max_num_seqs=args.batch, gpu_memory_utilization=args.gpu_memory_utilization, seed=0,
+              additional_config=SIDE_CONFIG[args.worker],
+              max_model_len=args.context + decode_new_tokens(args.steps) + LEN_MARGIN,
+              max_num_seqs=max(args.batch, args.prefill_batch), gpu_memory_utilization=args.gpu_memory_utilization,
+              seed=0,
               profiler_config={"profiler": "torch", "torch_profiler_dir": str(trace_dir),
                                "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False,
                                "torch_profiler_dump_cuda_time_total": True})
     info = {**llm.apply_model(_decision)[0], "engine_init_s": round(time.perf_counter() - engine_start, 1)}
-    if args.phase == "prefill":
-        return _prefill_worker(args, llm, info)
+    run_phases(args, llm, info, trace_dir)
+
+
+def run_phases(args, llm, info: dict, trace_dir: Path) -> None:
+    """Each phase of ``args.phase`` in order on one engine; after each, its trace into ``trace_dir/PHASE``."""
+    for phase in args.phase.split(","):
+        phase_args = argparse.Namespace(**{**vars(args), "out": phase_path(args.out, phase)})
+        if phase == "prefill":
+            _prefill_worker(argparse.Namespace(**{**vars(phase_args), "batch": args.prefill_batch}), llm, info)
+        else:
+            _decode_worker(phase_args, llm, info)
+        # the profiler wrote this phase's trace by the time stop_profile returned: give it its own folder, so
+        # that the next phase's trace is the only one in the top folder
+        try:
+            keep_trace(trace_dir, phase)
+        except FileNotFoundError as e:  # the orchestrator reports the phase's missing trace; go on to the next
+            print(f"step_profile: no trace for the {phase} phase: {e}", file=sys.stderr)
+
+
+def phase_path(path, phase: str) -> Path:
+    """A side's per-phase file: ``stock.json`` -> ``stock-decode.json``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}-{phase}{path.suffix}")
+
+
+def keep_trace(trace_dir: Path, phase: str) -> Path:
+    """Moves the one trace in ``trace_dir`` into ``trace_dir/phase``; returns its new path."""
+    found = find_trace(trace_dir)
+    (trace_dir / phase).mkdir(exist_ok=True)
+    return found.rename(trace_dir / phase / found.name)
+
+
+def decode_new_tokens(steps: int) -> int:
+    """New tokens per decode-phase request: the warm-up steps, the timed ones and the profiled ones, with slack
+    for the steps in flight under async scheduling (also what max_model_len leaves room for)."""
+    return 3 * steps + 8
+
+
+def _decode_worker(args, llm, info: dict) -> None:
+    """``--phase decode``: record ``steps`` pure decode steps of ``batch`` prefix-cached prompts, time as many
+    without the profiler."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from benchmarks.decode_sweep import prompt_ids
+
+    new_tokens = decode_new_tokens(args.steps)
     engine = llm.llm_engine
     prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, args.context, i)) for i in range(args.batch)]
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
@@ -219,8 +267,10 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=32, help="decode steps profiled per side (and as many timed)")
-    ap.add_argument("--phase", choices=("decode", "prefill"), default="decode",
-                    help="prefill: each unit is --batch fresh prompts of --context tokens to their first tokens")
+    ap.add_argument("--phase", default="decode",
+                    help="decode, prefill, or both in one engine (decode,prefill); prefill: each unit is "
+                         "--prefill-batch fresh prompts of --context tokens to their first tokens")
+    ap.add_argument("--prefill-batch", type=int, help="prompts per prefill unit (default --batch)")
     ap.add_argument("--sides", default="stock,megakernel")
     ap.add_argument("--rows", type=int, default=25, help="kernels listed per side; the rest in one row")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -229,42 +279,65 @@ def main(argv=None) -> None:
     ap.add_argument("--worker", choices=list(SIDE_CONFIG), help=argparse.SUPPRESS)
     ap.add_argument("--trace-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.prefill_batch is None:
+        args.prefill_batch = args.batch
+    phases = args.phase.split(",")
+    if not phases or set(phases) - set(PHASES) or len(set(phases)) != len(phases):
+        ap.error(f"--phase: a comma-separated list of distinct phases from {PHASES}, got {args.phase!r}")
     if args.worker:
         return worker(args)
-    if args.steps < 1 or args.batch < 1:
-        ap.error("--steps and --batch must be >= 1")
+    if args.steps < 1 or args.batch < 1 or args.prefill_batch < 1:
+        ap.error("--steps, --batch and --prefill-batch must be >= 1")
 
     import torch
     import vllm
 
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"batch": args.batch, "context": args.context, "steps": args.steps, "phase": args.phase,
-              "gpu": torch.cuda.get_device_name(),
-              "vllm": vllm.__version__, "sides": {},
-              "command": " ".join([sys.executable, "-m", "benchmarks.step_profile"] + (argv or sys.argv[1:]))}
+    command = " ".join([sys.executable, "-m", "benchmarks.step_profile"] + (argv or sys.argv[1:]))
+    results = {phase: {"batch": args.prefill_batch if phase == "prefill" else args.batch, "context": args.context,
+                       "steps": args.steps, "phase": phase, "gpu": torch.cuda.get_device_name(),
+                       "vllm": vllm.__version__, "sides": {}, "command": command} for phase in phases}
     for side in args.sides.split(","):
         trace_dir, part = args.out / f"{side}-trace", args.out / f"{side}.json"
-        part.unlink(missing_ok=True)
-        for old in trace_dir.glob("*.pt.trace.json"):  # never read an earlier run's trace
+        for phase in phases:  # never read an earlier run's files
+            phase_path(part, phase).unlink(missing_ok=True)
+        for old in trace_dir.glob("**/*.pt.trace.json"):
             old.unlink()
         cmd = [sys.executable, "-m", "benchmarks.step_profile", "--worker", side, "--model", args.model,
                "--load-format", args.load_format, "--batch", str(args.batch), "--context", str(args.context),
                "--steps", str(args.steps), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-               "--seed", str(args.seed), "--phase", args.phase, "--trace-dir", str(trace_dir), "--out", str(part)]
+               "--seed", str(args.seed), "--phase", args.phase, "--prefill-batch", str(args.prefill_batch),
+               "--trace-dir", str(trace_dir), "--out", str(part)]
         rc = subprocess.run(cmd).returncode
-        try:
-            if rc:
-                raise RuntimeError(f"the {side} worker exited {rc}; see its output above")
-            side_result = json.loads(part.read_text())
-            trace = json.loads(find_trace(trace_dir).read_text())
-            side_result["profile"] = summarize(gpu_events(trace), args.steps, args.rows)
-        except (RuntimeError, FileNotFoundError, ValueError) as e:
-            side_result = {"error": str(e)}
-        result["sides"][side] = side_result
-    write_json_atomic(args.out / "profile.json", result, indent=1)
-    text = markdown(result)
+        for phase in phases:  # a phase that finished before the worker failed keeps its figures
+            results[phase]["sides"][side] = read_side(phase_path(part, phase), trace_dir / phase, args.steps,
+                                                      args.rows, rc, side)
+    texts = []
+    for phase, result in results.items():
+        suffix = "" if len(phases) == 1 else f"-{phase}"
+        write_json_atomic(args.out / f"profile{suffix}.json", result, indent=1)
+        texts.append(markdown(result))
+        if suffix:
+            write_text_atomic(args.out / f"table{suffix}.md", texts[-1])
+    text = "\n".join(texts if len(phases) == 1 else [f"# {p}\n\n{t}" for p, t in zip(phases, texts)])
     write_text_atomic(args.out / "table.md", text)
     print(text)
+
+
+PHASES = ("decode", "prefill")
+
+
+def read_side(part: Path, trace_dir: Path, steps: int, rows: int, rc: int, side: str) -> dict:
+    """One side's result for one phase: its worker's JSON with the summary of its trace, or the error."""
+    try:
+        if not part.exists():
+            raise RuntimeError(f"the {side} worker exited {rc} before this phase's figures; see its output above")
+        side_result = json.loads(part.read_text())
+        trace = json.loads(find_trace(trace_dir).read_text())
+        side_result["profile"] = summarize(gpu_events(trace), steps, rows)
+        return side_result
+    except (RuntimeError, FileNotFoundError, ValueError) as e:
+        return {"error": str(e)}
 
 
 if __name__ == "__main__":

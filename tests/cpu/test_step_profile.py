@@ -109,3 +109,50 @@ def test_prefill_units_use_prompts_the_prefix_cache_never_saw_and_profile_one_to
     assert {e[3] for e in adds[8:14]} == {step_profile.FIRST_TOKEN_NEW_TOKENS}
     side = json.loads(args.out.read_text())
     assert len(side["first_token_ms"]) == len(side["prefill_ms"]) == 3 and side["decision"] == "stock"
+
+
+def test_both_phases_share_one_engine_and_each_keeps_its_own_trace_and_figures(tmp_path, monkeypatch):
+    """--phase decode,prefill: one engine, the decode phase first at --batch, the prefill units at
+    --prefill-batch; each phase's trace moves into its own folder before the next phase profiles, so the
+    orchestrator reads each phase's kernels from its own trace."""
+    log, traces = [], tmp_path / "trace"
+    traces.mkdir()
+
+    def stop():
+        log.append(("stop",))
+        (traces / f"w.{len([e for e in log if e == ('stop',)])}.pt.trace.json").write_text("{}")
+
+    llm = SimpleNamespace(llm_engine=_FakeEngine(log), start_profile=lambda: log.append(("start",)), stop_profile=stop)
+    monkeypatch.setattr(step_profile, "_decode_worker", lambda args, llm, info: (
+        llm.start_profile(), llm.stop_profile(),
+        step_profile.write_json_atomic(args.out, {"phase": "decode", "batch": args.batch})))
+    args = SimpleNamespace(batch=8, prefill_batch=1, context=16, seed=3, steps=2, worker="stock",
+                           out=tmp_path / "stock.json", phase="decode,prefill")
+    step_profile.run_phases(args, llm, {"decision": "stock"}, traces)
+    decode = json.loads((tmp_path / "stock-decode.json").read_text())
+    prefill = json.loads((tmp_path / "stock-prefill.json").read_text())
+    assert decode == {"phase": "decode", "batch": 8} and len(prefill["prefill_ms"]) == 2
+    assert {len(e[2]) for e in log if e[0] == "add"} == {16}
+    assert len([e for e in log if e[0] == "add"]) == 1 * (2 * 2 + 3 * 2)  # prefill units of one prompt each
+    assert step_profile.find_trace(traces / "decode").name == "w.1.pt.trace.json"
+    assert step_profile.find_trace(traces / "prefill").name == "w.2.pt.trace.json"
+    assert not list(traces.glob("*.pt.trace.json"))
+
+
+def test_a_phase_whose_worker_died_before_its_figures_is_an_error_and_the_other_phase_stands(tmp_path):
+    trace_dir = tmp_path / "stock-trace"
+    (trace_dir / "decode").mkdir(parents=True)
+    (trace_dir / "decode" / "w.pt.trace.json").write_text(json.dumps(_trace(
+        [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10}])))
+    (tmp_path / "stock-decode.json").write_text(json.dumps({"wall_ms_per_step": 9.0, "decision": "stock"}))
+    decode = step_profile.read_side(tmp_path / "stock-decode.json", trace_dir / "decode", 1, 25, 1, "stock")
+    prefill = step_profile.read_side(tmp_path / "stock-prefill.json", trace_dir / "prefill", 1, 25, 1, "stock")
+    assert decode["profile"]["busy_us_per_step"] == 10.0
+    assert prefill == {"error": "the stock worker exited 1 before this phase's figures; see its output above"}
+
+
+@pytest.mark.parametrize("phase", ["", "decode,decode", "prefill,warmup"])
+def test_a_phase_list_with_an_unknown_or_repeated_phase_is_refused(phase, capsys):
+    with pytest.raises(SystemExit):
+        step_profile.main(["--model", "m", "--phase", phase])
+    assert "--phase" in capsys.readouterr().err
