@@ -43,13 +43,17 @@ __device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* 
     return true;
   }
   const unsigned long long start = global_timer_ns();
-  while (true) {
+  // Each poll is one round trip to L2 for the counter. The error word (another SM's abort) and the clock
+  // (this wait's own timeout) are read on every 16th poll only: read on every poll, the error word was a
+  // second round trip in series with the counter's, which every wait on a layer's critical path paid.
+  for (unsigned polls = 1;; ++polls) {
     __nanosleep(20);
     seen = ctr.load(cuda::memory_order_relaxed);
     if (seen >= count) {
       cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
       return true;
     }
+    if (polls % 16) continue;
     if (aborted(error)) return false;
     if ((long long)(global_timer_ns() - start) > timeout_ns) {
       // First reporter wins; the record is complete before the flag is published.
@@ -70,10 +74,12 @@ __device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* 
 
 // Called by ONE thread (the signaller) after its release_fence(), which follows every writer's writes through
 // the consumers' named barrier and the hand-over mbarrier. A reduction without a return value: the
-// signalling thread does not wait for the count to come back.
+// signalling thread does not wait for the count to come back. Relaxed: the fence before it makes the pair
+// a release pattern (PTX memory model: a fence.acq_rel followed by a strong write), and a red.release
+// would put a second MEMBAR.GPU between the fence and the signal (the SASS of red.release).
 __device__ __forceinline__ void arrive_barrier(int* barriers, int barrier, int n = 1) {
   if (barrier == abi::kNoBarrier) return;
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(barriers + barrier), "r"(n) : "memory");
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;" ::"l"(barriers + barrier), "r"(n) : "memory");
 }
 
 }  // namespace vllm_megakernel

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in session Z as call 1 (h200-2026-12-04-v2-session-z/README.md); kept as it ran, paths relative to the repository root.
 # Next session, kernel alone (no vLLM; carry variants/ with base.so, pco.so, pcons.so, pcorel.so, built on the CPU
 # machine from main by
 #   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base \
