@@ -1,5 +1,5 @@
 """A stall inside a replayed FULL CUDA graph of a batch size Python did not launch last (run by
-test_stall_reporting_in_vllm.py in a fresh process; prints one JSON line).
+test_stall_reporting_in_vllm.py in a fresh process; prints a JSON line after each stage).
 
 vLLM captures the decode graphs largest first and then replays them without running Python, so the step the
 decoder launched last is batch 1's. This corrupts batch 8's step in place (one task's wait count one above its
@@ -35,13 +35,14 @@ def main():
               max_model_len=1024, max_num_seqs=8, gpu_memory_utilization=0.5, enable_prefix_caching=False,
               compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}, seed=0)
     result = llm.apply_model(corrupt_batch_8)[0]
+    print(json.dumps({"stage": "corrupted", **result}), flush=True)
     prompts = [TokensPrompt(prompt_token_ids=[100 + i] * 64) for i in range(8)]
     try:
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
         result["raised"] = None
     except Exception as e:  # the engine's error, whatever vLLM wraps it in
         result["raised"] = f"{type(e).__name__}: {e}"
-    print(json.dumps(result), flush=True)
+    print(json.dumps({**result, "stage": "generated"}), flush=True)
     os._exit(0)  # the engine is dead: do not wait for its shutdown
 
 

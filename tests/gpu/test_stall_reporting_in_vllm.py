@@ -19,6 +19,12 @@ def test_a_stall_in_a_replayed_batch_8_graph_raises_naming_batch_8s_task(shallow
     proc = subprocess.run([sys.executable, str(Path(__file__).parent / "stall_in_graph.py"), str(shallow_checkpoint)],
                           capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     log = proc.stdout + proc.stderr
-    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    stages = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    # the script prints a line once it has corrupted batch 8's step and one after the generate; without the
+    # second it died on the way (its first GPU run, session Z, printed neither line and no log was kept)
+    assert [st.get("stage") for st in stages] == ["corrupted", "generated"], (
+        f"stall_in_graph.py exited {proc.returncode} after stages {[st.get('stage') for st in stages]}:\n"
+        + log[-8000:])
+    result = stages[-1]
     assert result["last_launched_batch"] != 8 and 8 in result["built"]  # the case the shared record is for
     assert f"megakernel stalled in the batch-8 step: task {result['victim']} (O_PROJ" in log, log[-6000:]
