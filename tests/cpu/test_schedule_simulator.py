@@ -182,6 +182,87 @@ def test_a_dropped_dependency_is_caught_as_a_race(dims):
         simulate.check_races(s)
 
 
+def _moe_layers(s):
+    return sorted({t.layer for t in s.tasks if t.op == Op.MOE_UPGATE})
+
+
+def test_expert_rows_read_by_this_layer_unordered_with_the_next_layers_writes_are_a_race(dims):
+    """act and eout rows are a token's k-th choice, held by whichever slot routes them that layer: a down
+    tile of one MoE layer that reads act with nothing ordering it before the next MoE layer's up/gate tiles
+    (here an extra tile, last on its SM, signalling nothing) races with them even when no other task uses
+    its slot key (99), so that the per-region check sees no conflict."""
+    s = tiny_schedule(dims, 2, expert_claims=False)
+    layer = _moe_layers(s)[0]
+    down = next(t for t in s.tasks if t.op == Op.MOE_DOWN and t.layer == layer)
+    late = dataclasses.replace(down, index=len(s.tasks), signal=NO_BARRIER, reads=(("act", 99),), writes=(),
+                               fields=dict(down.fields))
+    s.tasks.append(late)
+    s.sm_tasks[late.sm].append(late.index)
+    with pytest.raises(simulate.RaceError, match="touch act unordered"):
+        simulate.check_races(s)
+    late.layer = _moe_layers(s)[-1]  # the same task in the last MoE layer has no next layer to race with
+    simulate.check_races(s)
+
+
+def test_race_check_orders_tasks_after_the_attention_wave_on_more_sms_than_tasks(dims):
+    """Every layer has a live request whose split with its newest token waits for the layer's QKV, so the
+    tasks after the attention wave are ordered after the QKV wave; on 40 SMs (fewer tasks a layer than SMs)
+    program order does not order them, and treating every split as possibly empty raised a false race
+    between two layers' QKV tasks."""
+    for batch in (1, 2, 8):
+        simulate.check_races(tiny_schedule(dims, batch, num_sms=40))
+    simulate.check_races(tiny_schedule(dims, 2, num_sms=40), live_slots=lambda layer: 1)
+
+
+@pytest.mark.parametrize("batch, claims, order", [(1, True, "round_robin"), (3, True, "random"),
+                                                  (3, False, "reverse"), (8, True, "random")])
+@pytest.mark.parametrize("live", [1, 2])
+def test_steps_with_dead_slots_are_race_free(dims, batch, claims, order, live):
+    """With only ``live`` slots routed, the dead slots' expert tasks neither run nor signal and the top-k
+    signals for their down tiles: every conflicting access is still ordered."""
+    s = tiny_schedule(dims, batch, expert_claims=claims)
+    assert s.num_slots > live
+    simulate.check_races(s, order=order, seed=batch, live_slots=lambda layer: live)
+
+
+def test_an_ordering_that_held_only_through_a_dead_slots_task_is_a_race(dims):
+    """The last slot's down tiles are made to wait on the layer's attention and the MoE combine to read the
+    attention's partials: ordered while every slot is live, but on a step where the last slot is dead its
+    tiles are skipped and the top-k's stand-in signal orders the combine after no attention task. The
+    combine is moved to run right after slot 0's down tile on that tile's SM, where nothing before it in
+    program order follows the attention wave."""
+    s = tiny_schedule(dims, 2, num_sms=40, expert_claims=False)
+    layer = _moe_layers(s)[0]
+    attn = next(t for t in s.tasks if t.op == Op.ATTN_PARTIAL and t.layer == layer)
+    last = s.num_slots - 1
+    for t in s.tasks:
+        if t.op == Op.MOE_DOWN and t.layer == layer and t.fields["slot"] == last:
+            t.waits += (attn.signal,)
+    combine = next(t for t in s.tasks if t.op == Op.MOE_COMBINE and t.layer == layer)
+    combine.reads += (("opart",),)
+    first = next(t for t in s.tasks if t.op == Op.MOE_DOWN and t.layer == layer and t.fields["slot"] == 0)
+    s.sm_tasks[combine.sm].remove(combine.index)
+    lst = s.sm_tasks[first.sm]
+    lst.insert(lst.index(first.index) + 1, combine.index)
+    combine.sm = first.sm
+    simulate.check_races(s)
+    simulate.check_races(s, live_slots=lambda layer: s.num_slots)
+    with pytest.raises(simulate.RaceError, match="opart"):
+        simulate.check_races(s, live_slots=lambda layer: last)
+
+
+@pytest.mark.parametrize("batch, live, order", [(1, 8, "round_robin"), (8, 40, "random")])
+def test_the_full_model_step_on_132_sms_is_race_free_with_claims_and_dead_slots(batch, live, order):
+    """North Mini Code's own schedule at the H200's SM count, as vLLM launches it: claims resolved by one
+    order of SMs, ``live`` of its slots routed (batch 1 always routes its 8; batch 8 about 51 of 64)."""
+    config = json.loads((FULL_CONFIG / "config.json").read_text())
+    full = ref.ModelDims.from_config(config)
+    s = build_schedule(full, StepShape(batch=batch, num_sms=132), config["intermediate_size"],
+                       config["prefix_dense_intermediate_size"])
+    assert s.num_slots >= live and any(t.claim != NO_BARRIER for t in s.tasks)
+    simulate.check_races(s, order=order, seed=batch, live_slots=lambda layer: live)
+
+
 def test_tasks_placed_out_of_topological_order_deadlock(dims):
     s = tiny_schedule(dims, 1, num_sms=1)
     lst = s.sm_tasks[0]

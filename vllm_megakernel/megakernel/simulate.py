@@ -15,6 +15,8 @@ Three checks, none of which needs a GPU:
 - ``check_races``: proves from the barrier graph alone that any two tasks touching the same logical
   region, at least one of them writing, are ordered (happens-before through program order and barriers).
   A missing dependency fails here even when one lucky interleaving would have produced the right numbers.
+  It checks a step under a given routing too (dead slots' tasks skipped, the top-k signalling for them),
+  and the expert buffers' rows, which move between slots from one MoE layer to the next.
 - ``Numerics``: executes each opcode with torch ops on a workspace laid out as the kernel's
   (:func:`layout.workspace_spec`), so that a whole step run through the schedule can be compared with
   :func:`vllm_megakernel.reference.decode_step`, and one wave can be compared with the kernel's own output.
@@ -232,19 +234,27 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     return done
 
 
-def claims_resolved(schedule: Schedule, order: str = "round_robin", seed: int = 0) -> Schedule:
+def claims_resolved(schedule: Schedule, order: str = "round_robin", seed: int = 0,
+                    live_slots: Callable[[int], int] | None = None) -> Schedule:
     """The schedule as one run of it placed its claiming tasks: each task on the SM and at the place where
     it ran, none claiming. The barrier-graph checks (``check_races``) run on this; every order of claims
-    is a different such schedule."""
+    is a different such schedule. With ``live_slots`` (``run``'s routing) the dead slots' tasks, which ran
+    nowhere, go back at the end of their own SM's list, where a run with the same ``live_slots`` skips them
+    again and accounts for their signals."""
     if all(t.claim == NO_BARRIER for t in schedule.tasks):
         return schedule
     placed: list[list[int]] = []
-    run(schedule, order=order, seed=seed, placed=placed)
+    run(schedule, order=order, seed=seed, placed=placed, live_slots=live_slots)
     tasks = [dataclasses.replace(t, fields={**t.fields, "claim": NO_BARRIER}) if t.claim != NO_BARRIER else t
              for t in schedule.tasks]
     for sm, lst in enumerate(placed):
         for i in lst:
             tasks[i].sm = sm
+    ran = {i for lst in placed for i in lst}
+    listed = {i for lst in schedule.sm_tasks for i in lst}
+    for t in schedule.tasks:
+        if t.index not in ran and t.index in listed:
+            placed[t.sm].append(t.index)
     return Schedule(schedule.dims, schedule.shape, schedule.tiles, tasks, schedule.barriers, placed)
 
 
@@ -288,9 +298,20 @@ class HappensBefore:
     A task whose opcode waits only when it has work (``Task.waits_only_if_work``: the kernel skips the
     input waits of a task with nothing to do, and such a task touches nothing) orders its own accesses
     after its waits, but passes on to the tasks after it on its SM, and to the waiters on its signal, only
-    what it knew before its waits: on a step where it has no work it never waited."""
+    what it knew before its waits: on a step where it has no work it never waited. Except where all of a
+    barrier's signallers are such tasks (a layer's attention splits): a step has at least one live request,
+    whose split holding its newest token has work, so one of them waited, and the waiter knows at least
+    what the least informed of them knew after its waits. Without that, every task after the attention
+    wave would be ordered after the layer's QKV wave only through program order, which on more SMs than
+    tasks a layer orders nothing (a false race between two layers' QKV tasks at 40 SMs)."""
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, live_slots: Callable[[int], int] | None = None,
+                 ran: list[int] | None = None):
+        """``live_slots`` as in :func:`run`: the dead slots' tasks never run or signal, and each top-k signals
+        its layer's down barrier in their place; ``ran``: that run's order, when the caller has it."""
+        if ran is None:
+            ran = run(schedule, live_slots=live_slots)
+        executed = set(ran)
         n_sm = len(schedule.sm_tasks)
         self.sm = np.array([t.sm for t in schedule.tasks], dtype=np.int64)
         self.pos = np.zeros(len(schedule.tasks), dtype=np.int64)
@@ -301,14 +322,19 @@ class HappensBefore:
                 prev[t] = lst[i - 1] if i else -1
         signallers: dict[int, list[int]] = defaultdict(list)
         for t in schedule.tasks:
+            if t.index not in executed:
+                continue
             if t.signal != NO_BARRIER:
                 signallers[t.signal].append(t.index)
+            if (t.op == Op.ROUTER_TOPK and live_slots is not None and t.fields["down_barrier"] != NO_BARRIER
+                    and live_slots(t.layer) < schedule.num_slots):  # it signals for the dead slots' down tiles
+                signallers[t.fields["down_barrier"]].append(t.index)
         self.clock = np.zeros((len(schedule.tasks), n_sm), dtype=np.int32)
         passed = self.clock  # what a task passes on; a separate array only where it differs
         if any(t.waits_only_if_work for t in schedule.tasks):
             passed = np.zeros_like(self.clock)
         joins: dict[int, np.ndarray] = {}
-        for i in run(schedule):  # a topological order (raises on deadlock)
+        for i in ran:  # a topological order
             c = self.clock[i]
             p = prev[i]
             if p >= 0:
@@ -322,6 +348,10 @@ class HappensBefore:
                     for u in signallers[b]:
                         np.maximum(j, passed[u], out=j)
                         j[self.sm[u]] = max(j[self.sm[u]], self.pos[u] + 1)
+                    us = signallers[b]
+                    if us and all(schedule.tasks[u].waits_only_if_work for u in us):  # one of them had work
+                        least = self.clock[us].min(axis=0)
+                        np.maximum(j, least, out=j)
                     joins[b] = j
                 np.maximum(c, joins[b], out=c)
             if passed is not self.clock and not schedule.tasks[i].waits_only_if_work:
@@ -331,19 +361,32 @@ class HappensBefore:
         return bool(self.clock[b, self.sm[a]] > self.pos[a])
 
 
-def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0) -> None:
+def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0,
+                live_slots: Callable[[int], int] | None = None) -> None:
     """Raises :class:`RaceError` naming two unordered tasks that touch one region, one of them writing.
 
     Per region, the accesses in a topological order must look like W R.. W R.. with every writer ordered
     after the previous writer and every reader between two writers ordered after the first and before the
     second; by transitivity that orders every conflicting pair. Claiming tasks are checked where one run
-    (``order``, ``seed``) placed them (:func:`claims_resolved`)."""
-    schedule = claims_resolved(schedule, order, seed)
-    hb = HappensBefore(schedule)
-    topo = {t: k for k, t in enumerate(run(schedule))}
+    (``order``, ``seed``) placed them (:func:`claims_resolved`).
+
+    ``live_slots`` checks the step under that routing (:func:`run`'s): a dead slot's expert tasks touch
+    nothing and order nothing, and the top-k's signal stands in for their down tiles' -- an ordering that
+    held only through a skipped task fails here. Without it every slot is live.
+
+    The expert buffers' rows belong to a token's k-th choice, not to a slot (``act`` and ``eout`` are
+    [batch x top_k, ...]): slot s of one MoE layer and slot s' of the next can hold the same rows, which their
+    region keys (by slot) do not say. So every expert task's access to them in one MoE layer is also checked
+    against every conflicting one in the next (:func:`_check_expert_rows_across_layers`)."""
+    schedule = claims_resolved(schedule, order, seed, live_slots)
+    ran = run(schedule, live_slots=live_slots)  # a topological order (raises on deadlock)
+    hb = HappensBefore(schedule, live_slots, ran)
+    topo = {t: k for k, t in enumerate(ran)}
     writes: dict[tuple, list[int]] = defaultdict(list)
     reads_by_prefix: dict[tuple, list[int]] = defaultdict(list)
     for t in schedule.tasks:
+        if t.index not in topo:  # a dead slot's task: skipped, it touches nothing
+            continue
         for r in t.writes:
             writes[r].append(t.index)
         for r in t.reads:
@@ -365,6 +408,51 @@ def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0) -
                 if last_writer is not None and last_writer != i and not hb.ordered(last_writer, i):
                     _race(schedule, key, last_writer, i)
                 pending.append(i)
+    _check_expert_rows_across_layers(schedule, hb, ran)
+
+
+EXPERT_ROW_BUFFERS = ("act", "eout")  # rows r * top_k + k, held by whichever slot routes them that layer
+EXPERT_OPS = frozenset({Op.MOE_UPGATE, Op.MOE_DOWN})
+
+
+def _check_expert_rows_across_layers(schedule: Schedule, hb: HappensBefore, ran: list[int]) -> None:
+    """For each expert row buffer: every access by an expert task of one MoE layer happens before every
+    conflicting access (one of the two a write) by an expert task of the next MoE layer that touches it.
+    Through consecutive layers that orders any two layers. Other readers (the MoE combine, a norm that sums
+    the expert outputs) read the whole buffer under a prefix key, which the per-region check already
+    orders against every slot's writer."""
+    for name in EXPERT_ROW_BUFFERS:
+        access: dict[int, list[int]] = defaultdict(list)  # layer -> its expert tasks touching the buffer
+        write: dict[int, list[int]] = defaultdict(list)
+        for i in ran:
+            t = schedule.tasks[i]
+            if t.op not in EXPERT_OPS:
+                continue
+            if any(r[0] == name for r in t.writes):
+                write[t.layer].append(i)
+                access[t.layer].append(i)
+            elif any(r[0] == name for r in t.reads):
+                access[t.layer].append(i)
+        layers = sorted(access)
+        for before, after in zip(layers, layers[1:]):
+            _all_ordered(schedule, hb, name, access[before], write[after])
+            _all_ordered(schedule, hb, name, write[before], access[after])
+
+
+def _all_ordered(schedule: Schedule, hb: HappensBefore, name: str, first: list[int], then: list[int]) -> None:
+    """Every task of ``first`` happens before every task of ``then``, else a RaceError on one such pair."""
+    if not first or not then:
+        return
+    a = np.asarray(first)
+    b = np.asarray(then)
+    earliest = hb.clock[b].min(axis=0)  # per SM, the prefix of its list that every task of ``then`` has seen
+    late = a[earliest[hb.sm[a]] <= hb.pos[a]]
+    if len(late):
+        i = int(late[0])
+        j = next(int(k) for k in b if not hb.ordered(i, int(k)))
+        ti, tj = schedule.tasks[i], schedule.tasks[j]
+        raise RaceError(f"{ti.describe()} and {tj.describe()} touch {name} unordered: the next MoE layer's slots "
+                        "can hold the same rows, one of the two writes them")
 
 
 def _race(schedule: Schedule, key: tuple, writer: int, other: int) -> None:
