@@ -251,13 +251,17 @@ def test_an_ordering_that_held_only_through_a_dead_slots_task_is_a_race(dims):
         simulate.check_races(s, live_slots=lambda layer: last)
 
 
-@pytest.mark.parametrize("batch, live, order", [(1, 8, "round_robin"), (8, 40, "random")])
-def test_the_full_model_step_on_132_sms_is_race_free_with_claims_and_dead_slots(batch, live, order):
+@pytest.mark.parametrize("batch, live, order, shape", [
+    (1, 8, "round_robin", {}), (2, 12, "reverse", {"local_routing": True}), (8, 40, "random", {}),
+    (16, 70, "random", {}), (64, 100, "random", {})])
+def test_the_full_model_step_on_132_sms_is_race_free_with_claims_and_dead_slots(batch, live, order, shape):
     """North Mini Code's own schedule at the H200's SM count, as vLLM launches it: claims resolved by one
-    order of SMs, ``live`` of its slots routed (batch 1 always routes its 8; batch 8 about 51 of 64)."""
+    order of SMs, ``live`` of its slots routed (batch 1 always routes its 8; batch 8 about 51 of 64). Batch 16
+    deals the O projection among the down tiles and batch 64 folds the MoE combine into the next norm and
+    splits the QKV and O tiles by batch rows (their defaults); batch 2 runs local routing. Batch 64 takes ~35 s."""
     config = json.loads((FULL_CONFIG / "config.json").read_text())
     full = ref.ModelDims.from_config(config)
-    s = build_schedule(full, StepShape(batch=batch, num_sms=132), config["intermediate_size"],
+    s = build_schedule(full, StepShape(batch=batch, num_sms=132, **shape), config["intermediate_size"],
                        config["prefix_dense_intermediate_size"])
     assert s.num_slots >= live and any(t.claim != NO_BARRIER for t in s.tasks)
     simulate.check_races(s, order=order, seed=batch, live_slots=lambda layer: live)
