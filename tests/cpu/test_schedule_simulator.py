@@ -6,7 +6,9 @@ import itertools
 import json
 
 from collections import defaultdict
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ from vllm_megakernel import reference as ref
 from vllm_megakernel.megakernel import layout, simulate
 from vllm_megakernel.megakernel.abi import NO_BARRIER, Op
 from vllm_megakernel.megakernel.layout import moe_slots
-from vllm_megakernel.megakernel.schedule import MOE_ONLY_WAVES, WAVE_ORDERS, StepShape, build_schedule
+from vllm_megakernel.megakernel.schedule import MOE_ONLY_WAVES, WAVE_ORDERS, Barrier, StepShape, Task, build_schedule
 from vllm_megakernel.paged_kv import PagedKVSim
 
 TINY_I, TINY_DENSE_I = 32, 96  # intermediate_size, prefix_dense_intermediate_size of the tiny config
@@ -204,6 +206,82 @@ def test_expert_rows_read_by_this_layer_unordered_with_the_next_layers_writes_ar
     simulate.check_races(s)
 
 
+def _extra_expert_task(s, layer, op, reads=(), writes=(), at=None):
+    """A task of ``op`` in ``layer`` that waits on and signals nothing, on an SM of its own list's choosing:
+    at the end of SM 0's list, or at position ``at`` of it."""
+    t = Task(len(s.tasks), op, layer, "extra", {"slot": 0}, (), NO_BARRIER, reads, writes, sm=0)
+    s.tasks.append(t)
+    s.sm_tasks[0].insert(len(s.sm_tasks[0]) if at is None else at, t.index)
+    return t
+
+
+def test_a_skipped_tile_orders_nothing_even_where_it_sits_in_its_sms_list(dims):
+    """A dead slot's down tile keeps its place in its SM's list but never runs: a task just before it on that
+    SM is not ordered before the MoE combine by it (a write the combine reads races on a step where that
+    slot is dead, and not on one where it is live)."""
+    s = tiny_schedule(dims, 2, num_sms=40, expert_claims=False)
+    layer = _moe_layers(s)[0]
+    last = s.num_slots - 1
+    down = next(t for t in s.tasks if t.op == Op.MOE_DOWN and t.layer == layer and t.fields["slot"] == last)
+    w = Task(len(s.tasks), Op.NORM, layer, "extra", {}, (), NO_BARRIER, (), (("ww",),), sm=down.sm)
+    s.tasks.append(w)
+    lst = s.sm_tasks[down.sm]
+    lst.insert(lst.index(down.index), w.index)
+    next(t for t in s.tasks if t.op == Op.MOE_COMBINE and t.layer == layer).reads += (("ww",),)
+    simulate.check_races(s)
+    with pytest.raises(simulate.RaceError, match="ww"):
+        simulate.check_races(s, live_slots=lambda layer: last)
+
+
+def test_expert_rows_written_by_this_layer_unordered_with_the_next_layers_reads_are_a_race(dims):
+    """The other direction of the check across layers: an expert task of the next MoE layer that reads act
+    (here one at the head of SM 0's list, before anything of this layer) races with this layer's up/gate
+    tiles writing it, whatever its slot key."""
+    s = tiny_schedule(dims, 2, expert_claims=False)
+    _extra_expert_task(s, _moe_layers(s)[1], Op.MOE_DOWN, reads=(("act", 99),), at=0)
+    with pytest.raises(simulate.RaceError, match="touch act unordered"):
+        simulate.check_races(s)
+
+
+def test_expert_outputs_read_by_this_layer_unordered_with_the_next_layers_writes_are_a_race(dims):
+    """eout's rows move between slots as act's do: a read of eout by an expert task of one MoE layer that
+    nothing orders before the next layer's down tiles races with them."""
+    s = tiny_schedule(dims, 2, expert_claims=False)
+    _extra_expert_task(s, _moe_layers(s)[0], Op.MOE_DOWN, reads=(("eout", 99),))
+    with pytest.raises(simulate.RaceError, match="touch eout unordered"):
+        simulate.check_races(s)
+
+
+def test_a_task_ordered_after_everything_before_another_but_not_after_it_is_unordered(dims):
+    """The boundary of the check across layers: a task that knows the first ``pos`` tasks of an SM's list is
+    ordered after the one at ``pos - 1`` but not after the one at ``pos``."""
+    s = tiny_schedule(dims, 1)
+    hb = SimpleNamespace(sm=np.array([0, 1]), pos=np.array([3, 0]), clock=np.array([[0, 0], [3, 0]]))
+    hb.ordered = lambda a, b: bool(hb.clock[b, hb.sm[a]] > hb.pos[a])
+    with pytest.raises(simulate.RaceError, match="touch act unordered"):
+        simulate._all_ordered(s, hb, "act", [0], [1])
+    hb.clock[1, 0] = 4
+    simulate._all_ordered(s, hb, "act", [0], [1])
+
+
+def test_a_split_that_waited_does_not_stand_for_the_split_that_had_work(dims):
+    """A barrier of attention splits passes on what the least informed split knew after its waits, not the
+    most: one split waiting on a task says nothing of the others, and the split that waited may be the one
+    with no work, which skips its waits."""
+    s = tiny_schedule(dims, 2, expert_claims=False)
+    x = len(s.barriers)
+    s.barriers.append(Barrier("extra", 1))
+    t = Task(len(s.tasks), Op.NORM, 0, "extra", {}, (), x, (), (("zz",),), sm=len(s.sm_tasks))
+    s.tasks.append(t)
+    s.sm_tasks.append([t.index])  # an SM of its own: no program order ties it to anything
+    split = next(t for t in s.tasks if t.op == Op.ATTN_PARTIAL and t.layer == 1)
+    split.waits += (x,)
+    combine = next(t for t in s.tasks if t.op == Op.ATTN_COMBINE and t.layer == 1)
+    combine.reads += (("zz",),)
+    with pytest.raises(simulate.RaceError, match="zz"):
+        simulate.check_races(s)
+
+
 def test_race_check_orders_tasks_after_the_attention_wave_on_more_sms_than_tasks(dims):
     """Every layer has a live request whose split with its newest token waits for the layer's QKV, so the
     tasks after the attention wave are ordered after the QKV wave; on 40 SMs (fewer tasks a layer than SMs)
@@ -216,22 +294,26 @@ def test_race_check_orders_tasks_after_the_attention_wave_on_more_sms_than_tasks
 
 @pytest.mark.parametrize("batch, claims, order", [(1, True, "round_robin"), (3, True, "random"),
                                                   (3, False, "reverse"), (8, True, "random")])
-@pytest.mark.parametrize("live", [1, 2])
+@pytest.mark.parametrize("live", [0, 1, 2])
 def test_steps_with_dead_slots_are_race_free(dims, batch, claims, order, live):
     """With only ``live`` slots routed, the dead slots' expert tasks neither run nor signal and the top-k
-    signals for their down tiles: every conflicting access is still ordered."""
+    signals for their down tiles: every conflicting access is still ordered. With none live (not a real step)
+    the MoE combine is ordered after the top-k's route and weights only through that stand-in signal."""
     s = tiny_schedule(dims, batch, expert_claims=claims)
     assert s.num_slots > live
     simulate.check_races(s, order=order, seed=batch, live_slots=lambda layer: live)
 
 
-def test_an_ordering_that_held_only_through_a_dead_slots_task_is_a_race(dims):
+@pytest.mark.parametrize("claims", [False, True])
+def test_an_ordering_that_held_only_through_a_dead_slots_task_is_a_race(dims, claims):
     """The last slot's down tiles are made to wait on the layer's attention and the MoE combine to read the
     attention's partials: ordered while every slot is live, but on a step where the last slot is dead its
     tiles are skipped and the top-k's stand-in signal orders the combine after no attention task. The
     combine is moved to run right after slot 0's down tile on that tile's SM, where nothing before it in
-    program order follows the attention wave."""
-    s = tiny_schedule(dims, 2, num_sms=40, expert_claims=False)
+    program order follows the attention wave. With claims the skipped tiles go back at the end of their SMs'
+    lists (claims_resolved), where, were they still counted as signallers, their places would order the
+    combine after everything on those SMs."""
+    s = tiny_schedule(dims, 2, num_sms=40, expert_claims=claims)
     layer = _moe_layers(s)[0]
     attn = next(t for t in s.tasks if t.op == Op.ATTN_PARTIAL and t.layer == layer)
     last = s.num_slots - 1

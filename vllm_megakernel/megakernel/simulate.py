@@ -299,9 +299,9 @@ class HappensBefore:
     input waits of a task with nothing to do, and such a task touches nothing) orders its own accesses
     after its waits, but passes on to the tasks after it on its SM, and to the waiters on its signal, only
     what it knew before its waits: on a step where it has no work it never waited. Except where all of a
-    barrier's signallers are such tasks (a layer's attention splits): a step has at least one live request,
-    whose split holding its newest token has work, so one of them waited, and the waiter knows at least
-    what the least informed of them knew after its waits. Without that, every task after the attention
+    barrier's signallers are a layer's attention splits: a step has at least one live request (vLLM's dummy
+    runs too: their sequence lengths are at least 1), whose split holding its newest token has work, so one
+    of them waited, and the waiter knows at least what the least informed of them knew after its waits. Without that, every task after the attention
     wave would be ordered after the layer's QKV wave only through program order, which on more SMs than
     tasks a layer orders nothing (a false race between two layers' QKV tasks at 40 SMs)."""
 
@@ -349,7 +349,9 @@ class HappensBefore:
                         np.maximum(j, passed[u], out=j)
                         j[self.sm[u]] = max(j[self.sm[u]], self.pos[u] + 1)
                     us = signallers[b]
-                    if us and all(schedule.tasks[u].waits_only_if_work for u in us):  # one of them had work
+                    # a layer's attention splits: one of them had work (the premise is theirs; another opcode
+                    # that waits only if it has work would need its own)
+                    if us and all(schedule.tasks[u].op == Op.ATTN_PARTIAL for u in us):
                         least = self.clock[us].min(axis=0)
                         np.maximum(j, least, out=j)
                     joins[b] = j
@@ -372,7 +374,8 @@ def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0,
 
     ``live_slots`` checks the step under that routing (:func:`run`'s): a dead slot's expert tasks touch
     nothing and order nothing, and the top-k's signal stands in for their down tiles' -- an ordering that
-    held only through a skipped task fails here. Without it every slot is live.
+    held only through a skipped task fails here. Without it every slot is live. It is asked many times per
+    layer, so it must depend on the layer alone.
 
     The expert buffers' rows belong to a token's k-th choice, not to a slot (``act`` and ``eout`` are
     [batch x top_k, ...]): slot s of one MoE layer and slot s' of the next can hold the same rows, which their
