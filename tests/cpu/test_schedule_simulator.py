@@ -233,6 +233,27 @@ def test_a_skipped_tile_orders_nothing_even_where_it_sits_in_its_sms_list(dims):
         simulate.check_races(s, live_slots=lambda layer: last)
 
 
+def test_a_task_after_a_skipped_tile_keeps_what_the_task_before_it_knew(dims):
+    """Program order runs through a skipped tile: the task after it on its SM is ordered after whatever the
+    task before it waited for (here a write on another SM), not only after its own SM's earlier tasks."""
+    s = tiny_schedule(dims, 2, num_sms=40, expert_claims=False)
+    layer = _moe_layers(s)[0]
+    last = s.num_slots - 1
+    down = next(t for t in s.tasks if t.op == Op.MOE_DOWN and t.layer == layer and t.fields["slot"] == last)
+    b = len(s.barriers)
+    s.barriers.append(Barrier("extra", 1))
+    writer = Task(len(s.tasks), Op.NORM, layer, "extra", {}, (), b, (), (("w2",),), sm=len(s.sm_tasks))
+    before = Task(len(s.tasks) + 1, Op.NORM, layer, "extra", {}, (b,), NO_BARRIER, (), (), sm=down.sm)
+    after = Task(len(s.tasks) + 2, Op.NORM, layer, "extra", {}, (), NO_BARRIER, (("w2",),), (), sm=down.sm)
+    s.tasks += [writer, before, after]
+    s.sm_tasks.append([writer.index])
+    lst = s.sm_tasks[down.sm]
+    k = lst.index(down.index)
+    lst[k:k + 1] = [before.index, down.index, after.index]
+    simulate.check_races(s)
+    simulate.check_races(s, live_slots=lambda layer: last)
+
+
 def test_expert_rows_written_by_this_layer_unordered_with_the_next_layers_reads_are_a_race(dims):
     """The other direction of the check across layers: an expert task of the next MoE layer that reads act
     (here one at the head of SM 0's list, before anything of this layer) races with this layer's up/gate

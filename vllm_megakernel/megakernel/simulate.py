@@ -315,11 +315,14 @@ class HappensBefore:
         n_sm = len(schedule.sm_tasks)
         self.sm = np.array([t.sm for t in schedule.tasks], dtype=np.int64)
         self.pos = np.zeros(len(schedule.tasks), dtype=np.int64)
-        prev = [-1] * len(schedule.tasks)
+        prev = [-1] * len(schedule.tasks)  # the task before it on its SM that ran (a skipped one knew nothing)
         for lst in schedule.sm_tasks:
+            last = -1
             for i, t in enumerate(lst):
                 self.pos[t] = i
-                prev[t] = lst[i - 1] if i else -1
+                prev[t] = last
+                if t in executed:
+                    last = t
         signallers: dict[int, list[int]] = defaultdict(list)
         for t in schedule.tasks:
             if t.index not in executed:
