@@ -46,6 +46,7 @@ from pathlib import Path
 from benchmarks import SIDE_CONFIG, write_json_atomic, write_text_atomic
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+PHASES = ("decode", "prefill")
 
 
 def gpu_events(trace: dict) -> list[dict]:
@@ -140,11 +141,10 @@ def worker(args) -> None:
 def run_phases(args, llm, info: dict, trace_dir: Path) -> None:
     """Each phase of ``args.phase`` in order on one engine; after each, its trace into ``trace_dir/PHASE``."""
     for phase in args.phase.split(","):
-        phase_args = argparse.Namespace(**{**vars(args), "out": phase_path(args.out, phase)})
-        if phase == "prefill":
-            _prefill_worker(argparse.Namespace(**{**vars(phase_args), "batch": args.prefill_batch}), llm, info)
-        else:
-            _decode_worker(phase_args, llm, info)
+        # each phase writes its own file; the prefill units take --prefill-batch prompts
+        phase_args = argparse.Namespace(**{**vars(args), "out": phase_path(args.out, phase),
+                                           "batch": args.prefill_batch if phase == "prefill" else args.batch})
+        (_prefill_worker if phase == "prefill" else _decode_worker)(phase_args, llm, info)
         # the profiler wrote this phase's trace by the time stop_profile returned: give it its own folder, so
         # that the next phase's trace is the only one in the top folder
         try:
@@ -322,9 +322,6 @@ def main(argv=None) -> None:
     text = "\n".join(texts if len(phases) == 1 else [f"# {p}\n\n{t}" for p, t in zip(phases, texts)])
     write_text_atomic(args.out / "table.md", text)
     print(text)
-
-
-PHASES = ("decode", "prefill")
 
 
 def read_side(part: Path, trace_dir: Path, steps: int, rows: int, rc: int, side: str) -> dict:
