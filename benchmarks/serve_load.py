@@ -75,10 +75,35 @@ class ServerError(RuntimeError):
     pass
 
 
+def answers_health(port: int, timeout: float = 5) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def exit_cleanly_on_signals() -> None:
+    """SIGTERM and SIGHUP (a time limit's `timeout`, a closed session) end the run through SystemExit, so that
+    :func:`served` stops its server. The server runs in its own session, outside the group such a signal
+    reaches, and Python's default handling of SIGTERM runs no ``finally``: in session AA a stock server
+    outlived the run a time limit stopped, and the next runs' servers, refused the GPU's memory, exited while
+    their benchmarks measured the stray server on the same port."""
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, leave)
+
+
 @contextlib.contextmanager
 def served(cmd: list[str], port: int, log_path: Path, startup_timeout: float):
     """Runs a `vllm serve` command (its own process group, output to log_path) until /health answers;
-    yields the process and stops the whole group on exit. Raises ServerError with the log's tail."""
+    yields the process and stops the whole group on exit. Raises ServerError with the log's tail. Refuses a
+    port that already answers: /health would come from that server, and the numbers with it."""
+    if answers_health(port):
+        raise ServerError(f"a server already answers on port {port} (one an earlier run left behind?); "
+                          "stop it or choose another --port: its answers would be measured as this side's")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -86,12 +111,10 @@ def served(cmd: list[str], port: int, log_path: Path, startup_timeout: float):
             while True:
                 if proc.poll() is not None:
                     raise ServerError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
+                if answers_health(port):
+                    if proc.poll() is not None:  # what answered is not this server
+                        continue
+                    break
                 if time.time() > deadline:
                     raise ServerError(f"not healthy after {startup_timeout} s:\n{log_path.read_text()[-6000:]}")
                 time.sleep(2)
@@ -176,10 +199,12 @@ def run_side(side: str, args, out_dir: Path, save=lambda partial: None) -> dict:
     sampler.start()
     rows = []
     try:
-        with served(cmd, args.port, log_path, args.startup_timeout):
+        with served(cmd, args.port, log_path, args.startup_timeout) as server:
             for c in args.concurrency:
                 name = f"bench-{side}-c{c}.json"
                 subprocess.run(bench_command(args, c, out_dir, name), check=True)
+                if server.poll() is not None:  # then whatever answered was not this side's server
+                    raise ServerError(f"server exited with {server.returncode} during concurrency {c}")
                 rows.append(bench_row(drop_generated_texts(out_dir / name)))
                 left = args.concurrency[len(rows):]
                 if left:
@@ -187,8 +212,8 @@ def run_side(side: str, args, out_dir: Path, save=lambda partial: None) -> dict:
                                                        "there: a time limit or a crash)",
                           "peak_gpu_gib": sampler.peak_gib, **parse_server_log(log_path.read_text())})
                 print(f"[{side}] concurrency {c}: {rows[-1]['output_tok_s']:.0f} output tok/s", flush=True)
-    except ServerError as e:
-        return {"error": f"{e}".splitlines()[0] + f"; see {log_path}"}
+    except ServerError as e:  # the levels measured before it (each checked that the server still ran) stand
+        return {"rows": rows, "error": f"{e}".splitlines()[0] + f"; see {log_path}"}
     except subprocess.CalledProcessError as e:  # keep the levels already measured
         return {"rows": rows, "error": f"vllm bench serve failed (exit {e.returncode}) at concurrency "
                                       f"{args.concurrency[len(rows)]}", "peak_gpu_gib": sampler.peak_gib,
@@ -230,6 +255,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-serve"))
     args = ap.parse_args(argv)
     sides = parse_sides(ap, args.sides)
+    exit_cleanly_on_signals()
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join([sys.executable, "-m", "benchmarks.serve_load"] + (argv or sys.argv[1:]))
     for side in sides:

@@ -624,8 +624,13 @@ def test_a_serving_side_stopped_between_levels_keeps_the_levels_it_measured(tmp_
 
     from benchmarks import serve_load
 
-    monkeypatch.setattr(serve_load, "served", lambda *a, **k: contextlib.nullcontext())
+    class RunningServer:
+        def poll(self):
+            return None
+
+    monkeypatch.setattr(serve_load, "served", lambda *a, **k: contextlib.nullcontext(RunningServer()))
     monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
+    monkeypatch.setattr(serve_load, "exit_cleanly_on_signals", lambda: None)  # leave pytest's own handlers
 
     class NoSampler:  # no nvidia-smi here (and subprocess.run is the bench stand-in below)
         peak_gib = None
@@ -656,6 +661,51 @@ def test_a_serving_side_stopped_between_levels_keeps_the_levels_it_measured(tmp_
     assert side["settings"]["concurrency"] == [1, 8, 32]
     table = serve_load.markdown(serve_load.summary_of(tmp_path))
     assert "| megakernel | 8 | 64 / 0 | 800 | 10.50 | 100.0 |" in table and "stopped before concurrency 32" in table
+
+
+def test_levels_measured_after_the_sides_server_exited_are_not_kept(tmp_path, monkeypatch):
+    """A level whose server was gone by its end was answered by something else on the port (or by nothing):
+    the side keeps the levels before it and says why it stopped."""
+    import contextlib
+
+    from benchmarks import serve_load
+
+    levels = []
+
+    class ServerThatDiesInTheSecondLevel:
+        returncode = 1
+
+        def poll(self):
+            return None if len(levels) < 2 else 1
+
+    def bench(cmd, check):
+        c = int(cmd[cmd.index("--max-concurrency") + 1])
+        levels.append(c)
+        (tmp_path / f"bench-stock-c{c}.json").write_text(json.dumps(
+            {"max_concurrency": c, "completed": 8, "failed": 0, "output_throughput": 10.0 * c,
+             "median_tpot_ms": 5.0, "median_ttft_ms": 50.0}))
+
+    monkeypatch.setattr(serve_load, "served", lambda *a, **k: contextlib.nullcontext(ServerThatDiesInTheSecondLevel()))
+    monkeypatch.setattr(serve_load.subprocess, "run", bench)
+    (tmp_path / "server-stock.log").write_text("")
+    args = argparse.Namespace(model="m", port=8199, load_format="dummy", concurrency=[1, 8, 32], input_len=16,
+                              output_len=16, prompts_per_concurrency=1, startup_timeout=1)
+
+    class NoSampler:
+        peak_gib = None
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(serve_load, "GpuMemorySampler", NoSampler)
+    monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
+    side = serve_load.run_side("stock", args, tmp_path)
+    assert levels == [1, 8]  # nothing measured after the server was found gone
+    assert [r["concurrency"] for r in side["rows"]] == [1]
+    assert side["error"].startswith("server exited with 1 during concurrency 8")
 
 
 def test_each_serving_level_is_one_vllm_bench_serve_run_with_an_unmeasured_warm_up_wave(tmp_path):
@@ -954,3 +1004,79 @@ def test_decode_interval_holds_the_decode_steps_and_none_of_the_prefill(per_pref
     # the last one has its first token and holds that one's 256 decode steps
     assert to_first == pytest.approx(3.0 * prefill_steps)
     assert decode == pytest.approx(256 * 0.01)
+
+
+_FAKE_SERVER = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_serve_side_refuses_a_port_another_server_already_answers_on(tmp_path):
+    """Session AA: a stray server from a run a time limit stopped answered /health on the port, the side's own
+    server died at start-up (no GPU memory left), and the benchmark measured the stray one as that side."""
+    import sys
+
+    from benchmarks import serve_load
+
+    port = _free_port()
+    stray = subprocess.Popen([sys.executable, "-c", _FAKE_SERVER, str(port)])
+    try:
+        import time
+
+        deadline = time.time() + 20
+        while not serve_load.answers_health(port, timeout=1):
+            assert time.time() < deadline and stray.poll() is None
+            time.sleep(0.05)
+        marker = tmp_path / "started"
+        with pytest.raises(serve_load.ServerError, match=f"already answers on port {port}"):
+            with serve_load.served([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], port,
+                                   tmp_path / "server.log", startup_timeout=10):
+                pass
+        assert not marker.exists()  # refused before starting anything
+    finally:
+        stray.kill()
+        stray.wait()
+
+
+def test_a_time_limits_sigterm_stops_the_sides_server(tmp_path):
+    """`timeout` signals the benchmark's process group; the server runs in its own session, so only the
+    benchmark's handler (exit_cleanly_on_signals, then served's cleanup) can stop it."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from benchmarks import serve_load
+
+    port = _free_port()
+    (tmp_path / "fake_server.py").write_text(_FAKE_SERVER)
+    script = (f"import sys, time\nsys.path.insert(0, {str(REPO)!r})\n"
+              "from benchmarks import serve_load\nserve_load.exit_cleanly_on_signals()\n"
+              f"with serve_load.served([sys.executable, {str(tmp_path / 'fake_server.py')!r}, '{port}'], {port}, "
+              f"__import__('pathlib').Path({str(tmp_path / 'server.log')!r}), 30) as p:\n"
+              "    print(p.pid, flush=True)\n    time.sleep(120)\n")
+    bench = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(bench.stdout.readline())
+        assert serve_load.answers_health(port, timeout=2)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+        assert not serve_load.answers_health(port, timeout=1)
+        with pytest.raises(ProcessLookupError):  # reaped by the benchmark before it left
+            os.kill(server_pid, 0)
+    finally:
+        bench.kill()
+        bench.wait()

@@ -89,3 +89,18 @@ def test_install_without_the_project_unpacks_the_bundle_and_builds_nothing(tmp_p
     assert "'megakernel = vllm_megakernel:register'" in done.stdout  # found the way vLLM finds plugins
     assert (root / "site" / "vllm" / "__init__.py").exists() and not (root / "site.tar.xz").exists()
     assert install("--bogus").returncode == 2
+
+
+def test_a_bundle_piece_and_the_source_tree_fit_one_device_transfer():
+    """The device tool carries the working tree and the named paths in one transfer of at most 64 MiB: a piece
+    must fit next to the tree with room for a session's results (session AA's first stash call was refused
+    with 36 MiB pieces once the committed results made the tree 27 MiB)."""
+    import subprocess
+
+    piece_mib = int(re.search(r"^PIECE_MIB=(\d+)", (BUNDLE / "build.sh").read_text(), re.M).group(1))
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    tree = sum((REPO / f).stat().st_size for f in files.decode().split("\0") if f and (REPO / f).is_file())
+    small = sum((BUNDLE / f).stat().st_size for f in ("install.sh", "env.sh"))
+    margin = 4 * 2**20  # what the next session's results and scripts add before the bundle is rebuilt
+    assert tree + piece_mib * 2**20 + small + margin <= 64 * 2**20, (
+        f"the tree is {tree / 2**20:.1f} MiB: lower PIECE_MIB in tools/offline_bundle/build.sh")

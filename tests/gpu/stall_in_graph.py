@@ -13,9 +13,15 @@ import sys
 
 
 def corrupt_batch_8(model):
+    import torch
+
     from vllm_megakernel.megakernel import abi
 
-    mk = model.megakernel
+    with torch.inference_mode():  # vLLM built the tables under inference mode: only there may they change in place
+        return _corrupt(model.megakernel, abi)
+
+
+def _corrupt(mk, abi):
     last = mk.last.schedule.shape.batch
     step = mk.entries[8].step
     s = step.schedule

@@ -17,4 +17,8 @@ timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.serve_load --m
   --load-format dummy --concurrency $levels --input-len $len --output-len 256 --sides $side \
   --out $res/serve-$len > $res/serve-$side-$len.log 2>&1
 echo "serve_load $side $len rc=$? ($(( $(date +%s) - start )) s)"; tail -12 $res/serve-$side-$len.log
-cd $OUT && tar czf r.tgz r && rm -rf r
+# serve_load stops its server on the time limit's SIGTERM since session AA; a server that still runs would
+# answer the next call's /health in place of that call's own server (session AA's calls 2-4 measured one)
+pkill -f "vllm.entrypoints.cli.main serve" && echo "a vllm server was still running: killed"
+# one archive per side and length, so that two runs in one call do not overwrite each other's
+cd $OUT && tar czf r-$side-$len.tgz r && rm -rf r
