@@ -297,3 +297,58 @@ def test_a_replaced_step_is_kept_alive_only_if_a_graph_captured_it(monkeypatch):
     capturing[0] = True
     with pytest.raises(RuntimeError, match="no task list for batch 4 matches the buffers being captured"):
         dec._step_for(4, ("anything",), build)
+
+
+def _stall_in_graph_script():
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("stall_in_graph", REPO / "tests" / "gpu" / "stall_in_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_any_task_the_gpu_stall_tests_victim_holds_up_is_reported_as_batch_8s_among_the_captured_sizes():
+    """tests/gpu/test_stall_reporting_in_vllm.py accepts a report of the victim or of any task it holds up (the
+    first wait to time out is a race: the timing model puts the next layer's QKV and the victim within ~3 us).
+    With the engine's captured sizes side by side (its 5-layer model on 132 SMs), each such report must name
+    batch 8's step, and the held-up set must hold the victim's waiters and none of what the victim waits for."""
+    from transformers import AutoConfig
+
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel import runtime
+    from vllm_megakernel.megakernel.abi import NO_BARRIER
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+    from vllm_megakernel.megakernel.vllm_decoder import stalled_step
+
+    script = _stall_in_graph_script()
+    hf = AutoConfig.from_pretrained(FULL_CONFIG)
+    hf.num_hidden_layers, hf.layer_types = 5, hf.layer_types[:5]  # the GPU test's shallow checkpoint
+    dims = ref.ModelDims.from_config(hf)
+    dense = getattr(hf, "prefix_dense_intermediate_size", None) or 0
+    steps = {b: SimpleNamespace(schedule=build_schedule(dims, StepShape(batch=b, num_sms=132), hf.intermediate_size,
+                                                        dense)) for b in (1, 2, 4, 8)}
+    s = steps[8].schedule
+    victim = script.pick_victim(s)
+    held = script.held_up_by(s, victim.index)
+    assert victim.index in held
+    assert {t.index for t in s.tasks if victim.signal in t.waits} <= held
+    upstream = {t.index for t in s.tasks if t.signal in victim.waits}
+    assert upstream and not upstream & held
+    assert all(s.tasks[i].layer >= 1 for i in held) and any(s.tasks[i].layer == 4 for i in held)
+
+    held_barriers = {s.tasks[i].signal for i in held} - {NO_BARRIER}
+    record = runtime.new_error_record("cpu")
+    reporters = 0
+    for i in sorted(held):
+        t = s.tasks[i]
+        stuck_on = [b for b in (*t.waits, t.load_wait) if b in held_barriers or (i == victim.index and b == t.waits[0])]
+        if not stuck_on:
+            continue  # held up only behind a task of its own SM: never reached, never reports
+        reporters += 1
+        _stall_in(steps[8], t, record)
+        record[5] = stuck_on[0]
+        assert stalled_step(record, list(steps.values()), default=steps[1]) is steps[8], t.describe()
+    assert reporters > 100

@@ -5,6 +5,11 @@ vLLM captures the decode graphs largest first and then replays them without runn
 decoder launched last is batch 1's. This corrupts batch 8's step in place (one task's wait count one above its
 barrier's target, the timeout cut to 0.2 s): the replayed graph reads the same device tables, stalls, and the
 decoder must poison that step's logits and raise a MegakernelStallError naming batch 8's task.
+
+Which stuck task reports first is a race: every wait times out 0.2 s after it began, and a task downstream of
+the victim (the next layer's QKV, which waits on the victim's signal) may begin waiting a few microseconds
+before the victim does (megakernel.timing puts them within ~3 us of each other at batch 8, either way round).
+So the script lists every task the victim holds up (:func:`held_up_by`) and the test accepts any of them.
 """
 
 import json
@@ -21,15 +26,47 @@ def corrupt_batch_8(model):
         return _corrupt(model.megakernel, abi)
 
 
+def pick_victim(schedule):
+    return next(t for t in schedule.tasks if t.layer == 1 and t.op.name == "O_PROJ" and t.waits)
+
+
+def held_up_by(schedule, victim: int) -> set[int]:
+    """The tasks that cannot finish while ``victim`` waits forever: the victim, every task that waits (itself or
+    through its producer's load wait) on a barrier a held-up task signals, and every task after a held-up one
+    in an SM's list (a claimed expert tile may run elsewhere: counted as held up, which only widens the set)."""
+    from vllm_megakernel.megakernel.abi import NO_BARRIER
+
+    held, barriers = set(), set()
+    todo = [victim]
+    after = {i: lst[k + 1:] for lst in schedule.sm_tasks for k, i in enumerate(lst)}
+    waiters: dict[int, list[int]] = {}
+    for t in schedule.tasks:
+        for b in (*t.waits, t.load_wait):
+            if b != NO_BARRIER:
+                waiters.setdefault(b, []).append(t.index)
+    while todo:
+        i = todo.pop()
+        if i in held:
+            continue
+        held.add(i)
+        todo += after.get(i, [])
+        b = schedule.tasks[i].signal
+        if b != NO_BARRIER and b not in barriers:
+            barriers.add(b)
+            todo += waiters.get(b, [])
+    return held
+
+
 def _corrupt(mk, abi):
     last = mk.last.schedule.shape.batch
     step = mk.entries[8].step
     s = step.schedule
-    victim = next(t for t in s.tasks if t.layer == 1 and t.op.name == "O_PROJ" and t.waits)
+    victim = pick_victim(s)
     k = s.sm_tasks[victim.sm].index(victim.index)
     step.tasks[victim.sm, k, abi.field_index(victim.op, "wait0_count")] += 1  # never reached
     step.step_table[abi.STEP_FIELDS.index("timeout_ns")] = 200_000_000
-    return {"last_launched_batch": last, "victim": victim.index, "built": sorted(mk.entries)}
+    return {"last_launched_batch": last, "victim": victim.index, "held_up": sorted(held_up_by(s, victim.index)),
+            "built": sorted(mk.entries)}
 
 
 def main():
