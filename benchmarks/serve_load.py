@@ -43,6 +43,18 @@ def parse_server_log(text: str) -> dict:
             "decision": decision[-1].strip() if decision else None}
 
 
+def side_mismatch(side: str, decision: str | None) -> str | None:
+    """Why the server's own decision line says it did not serve as ``side`` (None when it did): the megakernel
+    side must run decode on the megakernel, the stock side on stock vLLM. A missing line means the numbers did
+    not come from this side's server (session AA: a stray server answered) or the plugin did not load."""
+    if decision is None:
+        return "the side's server logged no megakernel decision (plugin not loaded, or another server answered)"
+    on_megakernel = "decode runs on the megakernel" in decision
+    if on_megakernel != (side == "megakernel"):
+        return f"the {side} side's server did not run as {side}: {decision}"
+    return None
+
+
 def bench_row(result: dict) -> dict:
     """The numbers we report from one `vllm bench serve --save-result` JSON."""
     return {
@@ -220,7 +232,9 @@ def run_side(side: str, args, out_dir: Path, save=lambda partial: None) -> dict:
                 **parse_server_log(log_path.read_text())}
     finally:
         sampler.stop()
-    return {"rows": rows, "peak_gpu_gib": sampler.peak_gib, **parse_server_log(log_path.read_text())}
+    log = parse_server_log(log_path.read_text())
+    mismatch = side_mismatch(side, log["decision"])
+    return {"rows": rows, "peak_gpu_gib": sampler.peak_gib, **log, **({"error": mismatch} if mismatch else {})}
 
 
 SETTINGS = ("model", "load_format", "concurrency", "input_len", "output_len", "prompts_per_concurrency")

@@ -708,6 +708,54 @@ def test_levels_measured_after_the_sides_server_exited_are_not_kept(tmp_path, mo
     assert side["error"].startswith("server exited with 1 during concurrency 8")
 
 
+def test_a_serving_side_whose_server_did_not_run_as_that_side_says_so(tmp_path, monkeypatch):
+    """The side's own server log must carry the plugin's decision for that side: the megakernel side's server
+    runs decode on the megakernel, the stock side's on stock vLLM; no line at all (session AA's stray server,
+    whose answers came with an empty log) is flagged too."""
+    import contextlib
+
+    from benchmarks import serve_load
+
+    on = ("vllm_megakernel: decode runs on the megakernel for batches of 1 to 64 (the kernel's limit); larger "
+          "decode batches, prefill and mixed batches run on stock vLLM")
+    off = "vllm_megakernel: decode runs on stock vLLM: disabled by additional_config.megakernel.enabled=false"
+    assert serve_load.side_mismatch("megakernel", on) is None and serve_load.side_mismatch("stock", off) is None
+    assert "did not run as megakernel" in serve_load.side_mismatch("megakernel", off)
+    assert "did not run as stock" in serve_load.side_mismatch("stock", on)
+    assert "no megakernel decision" in serve_load.side_mismatch("megakernel", None)
+
+    class Running:
+        def poll(self):
+            return None
+
+    def bench(cmd, check):
+        c = int(cmd[cmd.index("--max-concurrency") + 1])
+        (tmp_path / f"bench-megakernel-c{c}.json").write_text(json.dumps(
+            {"max_concurrency": c, "completed": 8, "failed": 0, "output_throughput": 10.0,
+             "median_tpot_ms": 5.0, "median_ttft_ms": 50.0}))
+
+    class NoSampler:
+        peak_gib = None
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(serve_load, "served", lambda *a, **k: contextlib.nullcontext(Running()))
+    monkeypatch.setattr(serve_load.subprocess, "run", bench)
+    monkeypatch.setattr(serve_load, "GpuMemorySampler", NoSampler)
+    monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
+    args = argparse.Namespace(model="m", port=8199, load_format="dummy", concurrency=[1], input_len=16,
+                              output_len=16, prompts_per_concurrency=1, startup_timeout=1)
+    (tmp_path / "server-megakernel.log").write_text(f"(EngineCore pid=1) INFO [cohere2_moe.py:127] {off}\n")
+    side = serve_load.run_side("megakernel", args, tmp_path)
+    assert side["rows"] and "did not run as megakernel" in side["error"]
+    (tmp_path / "server-megakernel.log").write_text(f"(EngineCore pid=1) INFO [cohere2_moe.py:127] {on}\n")
+    assert "error" not in serve_load.run_side("megakernel", args, tmp_path)
+
+
 def test_each_serving_level_is_one_vllm_bench_serve_run_with_an_unmeasured_warm_up_wave(tmp_path):
     """The command is parsed by vLLM 0.24's own `vllm bench serve` argument parser, so a flag it does not
     know, or a value it would read differently, fails here rather than on the GPU host."""
