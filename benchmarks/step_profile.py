@@ -102,6 +102,12 @@ def markdown(result: dict) -> str:
                   f"decoding {statistics.median(s['first_token_ms']):.3f} ms (min {min(s['first_token_ms']):.3f}); "
                   if prefill else f"step wall time without the profiler: {s['wall_ms_per_step']:.3f} ms; ")
         start_up = f" Engine start-up {s['engine_init_s']:.0f} s." if "engine_init_s" in s else ""
+        for units, key in (("first-token", "decoder_during_first_token_units"),
+                           ("one-token", "decoder_during_prefill_units")):
+            if s.get(key):
+                d = s[key]
+                start_up += (f" During the {units} units the megakernel decoder ran Python for {d['python_launches']} "
+                             f"launches and rebuilt tables {d['rebuilds']} times ({d['build_ms']:.1f} ms).")
         lines += [f"## {side}", "",
                   f"{timing}GPU busy per profiled {'prefill' if prefill else 'step'} "
                   f"{p['busy_us_per_step'] / 1000:.3f} ms, profiled span per step "
@@ -221,6 +227,21 @@ def _to_first_tokens(engine, requests: list[tuple[str, object]], params) -> None
 FIRST_TOKEN_NEW_TOKENS = 8  # enough that a decode step is scheduled behind the prefill, as when serving
 
 
+def decoder_stats(model) -> dict | None:
+    """The megakernel decoder's counters (python launches, task-table builds and rebuilds; None on stock)."""
+    mk = getattr(model, "megakernel", None)
+    return None if mk is None else dict(mk.stats)
+
+
+def stats_delta(before: dict | None, after: dict | None) -> dict | None:
+    """What the decoder did between two reads: a decode step that ran Python or rebuilt its tables inside the
+    timed units would show here (the megakernel side's first tokens came ~30 ms later than stock's in session Z,
+    one-token requests did not)."""
+    if before is None or after is None:
+        return None
+    return {k: round(after[k] - before[k], 3) for k in after}
+
+
 def _prefill_worker(args, llm, info: dict) -> None:
     """``--phase prefill``: each unit is one batch of fresh prompts (never in the prefix cache) run to its first
     tokens. Timed two ways, ``--steps`` times each after two warm-ups: to the first tokens of requests that go on
@@ -250,14 +271,19 @@ def _prefill_worker(args, llm, info: dict) -> None:
     for _ in range(2):
         unit(FIRST_TOKEN_NEW_TOKENS)
         unit(1)
+    before = llm.apply_model(decoder_stats)[0]
     first = [unit(FIRST_TOKEN_NEW_TOKENS) for _ in range(args.steps)]
+    middle = llm.apply_model(decoder_stats)[0]
     alone = [unit(1) for _ in range(args.steps)]
+    after = llm.apply_model(decoder_stats)[0]
     llm.start_profile()
     for _ in range(args.steps):
         unit(1)
     llm.stop_profile()
     write_json_atomic(args.out, {"side": args.worker, "wall_ms_per_step": statistics.median(alone),
-                                 "first_token_ms": first, "prefill_ms": alone, **info})
+                                 "first_token_ms": first, "prefill_ms": alone,
+                                 "decoder_during_first_token_units": stats_delta(before, middle),
+                                 "decoder_during_prefill_units": stats_delta(middle, after), **info})
 
 
 def main(argv=None) -> None:

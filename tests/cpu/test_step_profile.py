@@ -95,8 +95,20 @@ class _FakeEngine:
 
 def test_prefill_units_use_prompts_the_prefix_cache_never_saw_and_profile_one_token_requests(tmp_path):
     log = []
-    llm = SimpleNamespace(llm_engine=_FakeEngine(log), start_profile=lambda: log.append(("start",)),
-                          stop_profile=lambda: log.append(("stop",)))
+    engine = _FakeEngine(log)
+    stats = {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0}
+    model = SimpleNamespace(megakernel=SimpleNamespace(stats=stats))
+    stepped = engine.step
+
+    def step():  # a decoder that runs Python on every engine step, and rebuilds on every third
+        stats["python_launches"] += 1
+        if stats["python_launches"] % 3 == 0:
+            stats["rebuilds"] += 1
+        return stepped()
+
+    engine.step = step
+    llm = SimpleNamespace(llm_engine=engine, start_profile=lambda: log.append(("start",)),
+                          stop_profile=lambda: log.append(("stop",)), apply_model=lambda f: [f(model)])
     args = SimpleNamespace(batch=2, context=16, seed=3, steps=3, worker="stock", out=tmp_path / "side.json")
     step_profile._prefill_worker(args, llm, {"decision": "stock"})
     adds = [e for e in log if e[0] == "add"]
@@ -109,6 +121,10 @@ def test_prefill_units_use_prompts_the_prefix_cache_never_saw_and_profile_one_to
     assert {e[3] for e in adds[8:14]} == {step_profile.FIRST_TOKEN_NEW_TOKENS}
     side = json.loads(args.out.read_text())
     assert len(side["first_token_ms"]) == len(side["prefill_ms"]) == 3 and side["decision"] == "stock"
+    first, alone = side["decoder_during_first_token_units"], side["decoder_during_prefill_units"]
+    assert first["python_launches"] + alone["python_launches"] < stats["python_launches"]  # the warm-ups are out
+    assert first["python_launches"] > 0 and first["rebuilds"] >= 1 and alone["build_ms"] == 0
+    assert step_profile.stats_delta(None, stats) is None  # a stock engine has no decoder
 
 
 def test_both_phases_share_one_engine_and_each_keeps_its_own_trace_and_figures(tmp_path, monkeypatch):
@@ -122,7 +138,8 @@ def test_both_phases_share_one_engine_and_each_keeps_its_own_trace_and_figures(t
         log.append(("stop",))
         (traces / f"w.{len([e for e in log if e == ('stop',)])}.pt.trace.json").write_text("{}")
 
-    llm = SimpleNamespace(llm_engine=_FakeEngine(log), start_profile=lambda: log.append(("start",)), stop_profile=stop)
+    llm = SimpleNamespace(llm_engine=_FakeEngine(log), start_profile=lambda: log.append(("start",)), stop_profile=stop,
+                          apply_model=lambda f: [f(SimpleNamespace())])  # stock: no megakernel decoder
     monkeypatch.setattr(step_profile, "_decode_worker", lambda args, llm, info: (
         llm.start_profile(), llm.stop_profile(),
         step_profile.write_json_atomic(args.out, {"phase": "decode", "batch": args.batch})))

@@ -280,23 +280,24 @@ def test_a_replaced_step_is_kept_alive_only_if_a_graph_captured_it(monkeypatch):
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     dec = object.__new__(MegakernelDecoder)
-    dec.entries, dec.retired = {}, []
+    dec.entries, dec.retired, dec._rebuilds_logged = {}, [], set()
+    dec.stats = {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0}
     built = []
 
     def build():
         built.append(SimpleNamespace(n=len(built)))
         return built[-1]
 
-    eager = dec._step_for(8, ("warm-up buffers",), build)
-    assert dec._step_for(8, ("real buffers",), build) is built[1] and dec.retired == []  # eager only: let go
+    eager = dec._step_for(8, (("kv cache", "warm-up"),), build)
+    assert dec._step_for(8, (("kv cache", "real"),), build) is built[1] and dec.retired == []  # eager only: let go
     capturing[0] = True
-    assert dec._step_for(8, ("real buffers",), build) is built[1]  # the capture launches the same step
+    assert dec._step_for(8, (("kv cache", "real"),), build) is built[1]  # the capture launches the same step
     capturing[0] = False
-    dec._step_for(8, ("moved buffers",), build)
+    dec._step_for(8, (("kv cache", "moved"),), build)
     assert dec.retired == [built[1]] and eager not in dec.retired and len(built) == 3
     capturing[0] = True
     with pytest.raises(RuntimeError, match="no task list for batch 4 matches the buffers being captured"):
-        dec._step_for(4, ("anything",), build)
+        dec._step_for(4, (("kv cache", "anything"),), build)
 
 
 def _stall_in_graph_script():
@@ -352,3 +353,39 @@ def test_any_task_the_gpu_stall_tests_victim_holds_up_is_reported_as_batch_8s_am
         record[5] = stuck_on[0]
         assert stalled_step(record, list(steps.values()), default=steps[1]) is steps[8], t.describe()
     assert reporters > 100
+
+
+def test_a_rebuild_of_a_sizes_tables_after_its_buffers_moved_is_counted_and_logged_once_per_cause(caplog, monkeypatch):
+    """A changed buffer key rebuilds the size's tables on the serving thread: that costs the step its host time,
+    so it is counted (stats, read by step_profile) and logged with what moved, once per size and cause."""
+    import logging
+
+    import torch
+
+    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, key_change
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    dec = object.__new__(MegakernelDecoder)
+    dec.entries, dec.retired, dec._rebuilds_logged = {}, [], set()
+    dec.stats = {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0}
+    first = (("batch", 1), ("input_ids", (100, torch.int32)), ("layer 0's KV cache", (200, (2, 16), (1,))))
+    moved = first[:2] + (("layer 0's KV cache", (300, (2, 16), (1,))),)
+    built = []
+
+    def build():
+        built.append(1)
+        return SimpleNamespace(schedule=None)
+
+    with caplog.at_level(logging.INFO, logger="vllm.megakernel"):
+        a = dec._step_for(1, first, build)
+        assert dec._step_for(1, first, build) is a and len(built) == 1  # same buffers: no build
+        b = dec._step_for(1, moved, build)
+        dec._step_for(1, first, build)
+        dec._step_for(1, moved, build)
+    assert b is not a and len(built) == 4
+    assert dec.stats["builds"] == 4 and dec.stats["rebuilds"] == 3 and dec.stats["build_ms"] >= 0
+    lines = [r.getMessage() for r in caplog.records if "rebuilt" in r.getMessage()]
+    assert len(lines) == 1 and "batch-1 step" in lines[0] and "layer 0's KV cache moved" in lines[0], lines
+    assert key_change(first, first) == "nothing differs"
+    assert key_change(first, first[:2]) == "the number of buffers changed"
+    assert "layout changed at seq_lens" in key_change(first, first[:2] + (("seq_lens", (1, None)),))

@@ -13,7 +13,9 @@ finds no matching task list is an error rather than a stale replay.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 
@@ -26,6 +28,8 @@ from vllm_megakernel.reference import DecodeInputs, KVGroup, ModelDims, Weights
 
 # The largest padded batch the megakernel serves; bigger decode batches take vLLM's stock path.
 MAX_BATCH = layout.MAX_BATCH
+
+logger = logging.getLogger("vllm.megakernel")
 
 
 def unsupported_model_reasons(hf_config) -> list[str]:
@@ -165,6 +169,11 @@ class MegakernelDecoder:
         self.error = runtime.new_error_record(self.workspace["x"].device)
         self._error_flag_host = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=torch.cuda.is_available())
         self.routing_recorded = False
+        # What the serving path cost in Python (read by benchmarks.step_profile; a rebuild is logged): launches
+        # that ran Python (eager, or a capture), task-table builds, and those that replaced a size's tables
+        # because vLLM's buffers moved, with their time.
+        self.stats = {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0}
+        self._rebuilds_logged: set[tuple[int, str]] = set()
         self.schedules.prebuild(b for b in prebuild if b <= max_batch)
 
     def record_routing(self) -> None:
@@ -205,6 +214,7 @@ class MegakernelDecoder:
         batch = input_ids.shape[0]
         inputs, key = self._inputs(fc, input_ids, positions)
         step = self._step_for(batch, key, lambda: self._build(batch, inputs))
+        self.stats["python_launches"] += 1
         runtime.launch(step)
         self.last = step
         return step.out[:batch]
@@ -223,18 +233,37 @@ class MegakernelDecoder:
                 )
             if entry is not None and entry.captured:
                 self.retired.append(entry.step)
-            entry = _Entry(key, build())
+            t0 = time.perf_counter()
+            new = _Entry(key, build())
+            ms = 1000 * (time.perf_counter() - t0)
+            self.stats["builds"] += 1
+            self.stats["build_ms"] += ms
+            if entry is not None:
+                self._note_rebuild(batch, entry.key, key, ms)
+            entry = new
             self.entries[batch] = entry
         entry.captured |= capturing
         return entry.step
+
+    def _note_rebuild(self, batch: int, old: tuple, new: tuple, ms: float) -> None:
+        """Counts a rebuild of a size's tables and logs the first for each (size, cause): outside vLLM's start-up
+        (which rebuilds once, after its memory-profiling KV cache goes) one costs the step ``ms`` of host time."""
+        self.stats["rebuilds"] += 1
+        cause = key_change(old, new)
+        if (batch, cause) not in self._rebuilds_logged:
+            self._rebuilds_logged.add((batch, cause))
+            logger.info("vllm_megakernel: rebuilt the batch-%d step's task tables in %.1f ms: %s (rebuilds so far: "
+                        "%d)", batch, ms, cause, self.stats["rebuilds"])
 
     def _inputs(self, fc, input_ids, positions) -> tuple[DecodeInputs, tuple]:
         groups: dict[tuple, int] = {}
         group_list: list[KVGroup] = []
         layer_group, caches = [], []
-        key = [input_ids.shape[0], input_ids.data_ptr(), input_ids.dtype, positions.data_ptr(), positions.dtype]
+        # (what, value) pairs: a rebuild's log line names the first that changed (key_change)
+        key = [("batch", input_ids.shape[0]), ("input_ids", (input_ids.data_ptr(), input_ids.dtype)),
+               ("positions", (positions.data_ptr(), positions.dtype))]
         seq_lens = None
-        for attn in self.attn_layers:
+        for i, attn in enumerate(self.attn_layers):
             md = fc.attn_metadata[attn.layer_name]
             slot_mapping = fc.slot_mapping.get(attn.layer_name, md.slot_mapping) \
                 if isinstance(fc.slot_mapping, dict) else md.slot_mapping
@@ -242,14 +271,16 @@ class MegakernelDecoder:
             if gkey not in groups:
                 groups[gkey] = len(group_list)
                 group_list.append(KVGroup(block_table=md.block_table, slot_mapping=slot_mapping))
-                key += [gkey, tuple(md.block_table.shape), md.block_table.stride(0), md.block_table.dtype,
-                        slot_mapping.dtype]
+                key += [(f"KV-cache group {len(group_list) - 1}'s block table and slot mapping",
+                         (gkey, tuple(md.block_table.shape), md.block_table.stride(0), md.block_table.dtype,
+                          slot_mapping.dtype))]
             layer_group.append(groups[gkey])
             caches.append(attn.kv_cache)
-            key += [attn.kv_cache.data_ptr(), tuple(attn.kv_cache.shape), attn.kv_cache.stride()]
+            key += [(f"layer {i}'s KV cache", (attn.kv_cache.data_ptr(), tuple(attn.kv_cache.shape),
+                                                 attn.kv_cache.stride()))]
             if seq_lens is None:
                 seq_lens = md.seq_lens
-                key += [seq_lens.data_ptr(), seq_lens.dtype]
+                key += [("seq_lens", (seq_lens.data_ptr(), seq_lens.dtype))]
         inputs = DecodeInputs(input_ids=input_ids, positions=positions, seq_lens=seq_lens, kv_caches=caches,
                               layer_group=layer_group, groups=group_list)
         return inputs, tuple(key)
@@ -288,6 +319,16 @@ class MegakernelDecoder:
         self._error_flag_host.copy_(self.error[:1], non_blocking=True)
         failed = self.error[0] != 0
         return torch.where(failed, torch.full_like(hidden_states, float("nan")), hidden_states)
+
+
+def key_change(old: tuple, new: tuple) -> str:
+    """What differs between two steps' buffer keys (MegakernelDecoder._inputs' (what, value) pairs), in words."""
+    for (what, a), (what_new, b) in zip(old, new):
+        if what != what_new:
+            return f"the buffers' layout changed at {what_new} (was {what})"
+        if a != b:
+            return f"vLLM's {what} moved or changed shape"
+    return "the number of buffers changed" if len(old) != len(new) else "nothing differs"
 
 
 def stalled_step(error: torch.Tensor, steps: list[runtime.DeviceStep],
