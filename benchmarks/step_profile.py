@@ -107,7 +107,9 @@ def markdown(result: dict) -> str:
             if s.get(key):
                 d = s[key]
                 start_up += (f" During the {units} units the megakernel decoder ran Python for {d['python_launches']} "
-                             f"launches and rebuilt tables {d['rebuilds']} times ({d['build_ms']:.1f} ms).")
+                             f"launches and rebuilt tables {d['rebuilds']} times ({d['build_ms']:.1f} ms); its stall "
+                             f"check took {d.get('poison_ms', 0):.1f} ms of host time over {d.get('poison_calls', 0)} "
+                             "calls.")
         lines += [f"## {side}", "",
                   f"{timing}GPU busy per profiled {'prefill' if prefill else 'step'} "
                   f"{p['busy_us_per_step'] / 1000:.3f} ms, profiled span per step "

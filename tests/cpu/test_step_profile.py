@@ -71,6 +71,16 @@ def test_the_prefill_table_gives_both_timings():
     assert "one-token requests without the profiler 45.000 ms (min 44.000)" in text
     assert "go on decoding 51.000 ms (min 50.000)" in text and "GPU busy per profiled prefill 0.020 ms" in text
     assert "Engine start-up 50 s." in text
+    result["sides"]["megakernel"] = {
+        **result["sides"]["stock"], "decision": "megakernel",
+        "decoder_during_first_token_units": {"python_launches": 2, "builds": 2, "build_ms": 61.5, "rebuilds": 2,
+                                             "poison_calls": 18, "poison_ms": 0.9},
+        "decoder_during_prefill_units": {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0,
+                                         "poison_calls": 2, "poison_ms": 0.1}}
+    text = step_profile.markdown(result)
+    assert ("During the first-token units the megakernel decoder ran Python for 2 launches and rebuilt tables 2 "
+            "times (61.5 ms); its stall check took 0.9 ms of host time over 18 calls.") in text
+    assert "During the one-token units the megakernel decoder ran Python for 0 launches" in text
 
 
 class _FakeEngine:
@@ -96,7 +106,9 @@ class _FakeEngine:
 def test_prefill_units_use_prompts_the_prefix_cache_never_saw_and_profile_one_token_requests(tmp_path):
     log = []
     engine = _FakeEngine(log)
-    stats = {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0}
+    from vllm_megakernel.megakernel.vllm_decoder import new_stats
+
+    stats = new_stats()
     model = SimpleNamespace(megakernel=SimpleNamespace(stats=stats))
     stepped = engine.step
 

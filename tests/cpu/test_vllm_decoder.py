@@ -175,7 +175,7 @@ def test_a_stall_in_any_batch_sizes_graph_poisons_and_names_that_step_not_the_la
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
-    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, _Entry
+    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, _Entry, new_stats
 
     dims = ref.ModelDims.from_config(TINY_CONFIG)
     record = runtime.new_error_record("cpu")
@@ -183,7 +183,7 @@ def test_a_stall_in_any_batch_sizes_graph_poisons_and_names_that_step_not_the_la
              for b in (8, 4, 1)}  # captured largest first: batch 1's step is the last Python launched
     dec = object.__new__(MegakernelDecoder)
     dec.entries = {b: _Entry((b,), s) for b, s in steps.items()}
-    dec.retired, dec.last, dec.error = [], steps[1], record
+    dec.retired, dec.last, dec.error, dec.stats = [], steps[1], record, new_stats()
     dec._error_flag_host = torch.zeros(1, dtype=torch.int32)
     hidden = torch.ones(8, 16)
     assert torch.equal(dec.poison_on_error(hidden), hidden)  # no stall: untouched
@@ -193,6 +193,7 @@ def test_a_stall_in_any_batch_sizes_graph_poisons_and_names_that_step_not_the_la
     assert torch.isnan(dec.poison_on_error(hidden)).all()  # the same step's logits: NaN, no host sync
     with pytest.raises(runtime.MegakernelStallError, match=rf"in the batch-8 step: task {victim.index} \(MOE_DOWN"):
         dec.poison_on_error(hidden)  # the next step reads the flag copied back and raises
+    assert dec.stats["poison_calls"] == 2 and dec.stats["poison_ms"] >= 0  # the raising call is not counted
     assert record.tolist()[:2] == [0, -1]  # cleared for the next report
 
 
@@ -275,13 +276,13 @@ def test_a_replaced_step_is_kept_alive_only_if_a_graph_captured_it(monkeypatch):
     import pytest
     import torch
 
-    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder
+    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, new_stats
 
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     dec = object.__new__(MegakernelDecoder)
     dec.entries, dec.retired, dec._rebuilds_logged = {}, [], set()
-    dec.stats = {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0}
+    dec.stats = new_stats()
     built = []
 
     def build():
@@ -362,12 +363,12 @@ def test_a_rebuild_of_a_sizes_tables_after_its_buffers_moved_is_counted_and_logg
 
     import torch
 
-    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, key_change
+    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, key_change, new_stats
 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     dec = object.__new__(MegakernelDecoder)
     dec.entries, dec.retired, dec._rebuilds_logged = {}, [], set()
-    dec.stats = {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0}
+    dec.stats = new_stats()
     first = (("batch", 1), ("input_ids", (100, torch.int32)), ("layer 0's KV cache", (200, (2, 16), (1,))))
     moved = first[:2] + (("layer 0's KV cache", (300, (2, 16), (1,))),)
     built = []

@@ -128,6 +128,11 @@ def prebuilt_batches(compilation_config, scheduler_config, max_batch: int) -> li
     return sorted(b for b in (compilation_config.cudagraph_capture_sizes or []) if b <= limit)
 
 
+def new_stats() -> dict:
+    """MegakernelDecoder.stats, all counts at zero."""
+    return {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0, "poison_calls": 0, "poison_ms": 0.0}
+
+
 @dataclasses.dataclass
 class _Entry:
     key: tuple
@@ -171,8 +176,8 @@ class MegakernelDecoder:
         self.routing_recorded = False
         # What the serving path cost in Python (read by benchmarks.step_profile; a rebuild is logged): launches
         # that ran Python (eager, or a capture), task-table builds, and those that replaced a size's tables
-        # because vLLM's buffers moved, with their time.
-        self.stats = {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0}
+        # because vLLM's buffers moved, with their time; the stall check's calls and host time.
+        self.stats = new_stats()
         self._rebuilds_logged: set[tuple[int, str]] = set()
         self.schedules.prebuild(b for b in prebuild if b <= max_batch)
 
@@ -313,12 +318,17 @@ class MegakernelDecoder:
         state. Every step shares one stall record, so this holds for whichever batch size's graph ran."""
         if self.last is None:  # no step built yet: nothing has run
             return hidden_states
+        t0 = time.perf_counter()
         if int(self._error_flag_host[0]):
             runtime.check(stalled_step(self.error, [e.step for e in self.entries.values()] + self.retired,
                                        self.last))  # raises with the whole error record
         self._error_flag_host.copy_(self.error[:1], non_blocking=True)
         failed = self.error[0] != 0
-        return torch.where(failed, torch.full_like(hidden_states, float("nan")), hidden_states)
+        poisoned = torch.where(failed, torch.full_like(hidden_states, float("nan")), hidden_states)
+        # host time only (nothing here waits for the GPU unless the flag's copy does: it would show here)
+        self.stats["poison_calls"] += 1
+        self.stats["poison_ms"] += 1000 * (time.perf_counter() - t0)
+        return poisoned
 
 
 def key_change(old: tuple, new: tuple) -> str:
