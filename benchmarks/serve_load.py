@@ -22,6 +22,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -77,7 +78,7 @@ def markdown(summary: dict) -> str:
         for row in s.get("rows", []):
             lines.append(f"| {side} | {row['concurrency']} | {row['completed']} / {row['failed']} | "
                          f"{row['output_tok_s']:.0f} | {row['median_tpot_ms']:.2f} | {row['median_ttft_ms']:.1f} | "
-                         f"{peak} | {s['kv_cache_tokens']} |")
+                         f"{peak} | {s.get('kv_cache_tokens')} |")
     notes = [f"- {side}: " + "; ".join(x for x in (s.get("decision"), s.get("error")) if x)
              for side, s in summary["sides"].items()]
     return "\n".join(lines + [""] + notes) + "\n"
@@ -95,53 +96,76 @@ def answers_health(port: int, timeout: float = 5) -> bool:
         return False
 
 
-def exit_cleanly_on_signals() -> None:
+def port_taken(port: int) -> bool:
+    """Whether something holds the loopback port. A plain bind, without SO_REUSEPORT: vLLM's server sets that
+    option on its own socket, so a second server could bind the port beside a stray one (still starting up,
+    or too slow for /health) and the benchmark's connections would be shared between the two."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # SO_REUSEADDR lets the probe past connections of a server that has gone (TIME_WAIT), never past a
+        # socket that still listens
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def exit_cleanly_on_signals() -> dict:
     """SIGTERM and SIGHUP (a time limit's `timeout`, a closed session) end the run through SystemExit, so that
     :func:`served` stops its server. The server runs in its own session, outside the group such a signal
     reaches, and Python's default handling of SIGTERM runs no ``finally``: in session AA a stock server
     outlived the run a time limit stopped, and the next runs' servers, refused the GPU's memory, exited while
-    their benchmarks measured the stray server on the same port."""
+    their benchmarks measured the stray server on the same port. The first signal turns both into ignored
+    ones, so that a second (`timeout` signals the child, then its group) cannot cut the cleanup short; a
+    signal the caller ignores (`nohup`) stays ignored. Returns the handlers it replaced."""
     def leave(signum, frame):
+        for sig in replaced:
+            signal.signal(sig, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
+    replaced = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, leave)
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            replaced[sig] = signal.signal(sig, leave)
+    return replaced
 
 
 @contextlib.contextmanager
-def served(cmd: list[str], port: int, log_path: Path, startup_timeout: float):
+def served(cmd: list[str], port: int, log_path: Path, startup_timeout: float, stop_wait_s: float = 15):
     """Runs a `vllm serve` command (its own process group, output to log_path) until /health answers;
-    yields the process and stops the whole group on exit. Raises ServerError with the log's tail. Refuses a
-    port that already answers: /health would come from that server, and the numbers with it."""
-    if answers_health(port):
-        raise ServerError(f"a server already answers on port {port} (one an earlier run left behind?); "
+    yields the process and stops the whole group on exit (SIGTERM, up to ``stop_wait_s`` to go, then
+    SIGKILL). Raises ServerError with the log's tail. Refuses a port something already holds: /health would
+    come from that server, and the numbers with it."""
+    if port_taken(port) or answers_health(port, timeout=2):
+        raise ServerError(f"a server already holds port {port} (one an earlier run left behind?); "
                           "stop it or choose another --port: its answers would be measured as this side's")
+    proc = None
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.time() + startup_timeout
-            while True:
+            while not answers_health(port):
                 if proc.poll() is not None:
                     raise ServerError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
-                if answers_health(port):
-                    if proc.poll() is not None:  # what answered is not this server
-                        continue
-                    break
                 if time.time() > deadline:
                     raise ServerError(f"not healthy after {startup_timeout} s:\n{log_path.read_text()[-6000:]}")
                 time.sleep(2)
+            if proc.poll() is not None:  # it answered as it died: nothing of this server is left to measure
+                raise ServerError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
             yield proc
         finally:
-            # The group may already be gone (the server died at start-up): nothing left to stop then.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=60)
-            # Whatever of the group outlived the server (an engine process) would hold the GPU's memory
-            # against the next side's server.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            if proc is not None:
+                # The group may already be gone (the server died at start-up): nothing left to stop then.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=stop_wait_s)
+                # Whatever of the group outlived the server (an engine process) would hold the GPU's memory
+                # against the next side's server.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 class GpuMemorySampler(threading.Thread):
@@ -210,6 +234,17 @@ def run_side(side: str, args, out_dir: Path, save=lambda partial: None) -> dict:
     sampler = GpuMemorySampler()
     sampler.start()
     rows = []
+
+    def result(**extra) -> dict:
+        """The side's result so far, with what its own server logged; a side whose server did not run as that
+        side says so whatever else stopped it."""
+        log = parse_server_log(log_path.read_text()) if log_path.exists() else parse_server_log("")
+        out = {"rows": list(rows), "peak_gpu_gib": sampler.peak_gib, **log, **extra}
+        mismatch = side_mismatch(side, log["decision"]) if rows else None
+        if mismatch:
+            out["error"] = "; ".join(x for x in (out.get("error"), mismatch) if x)
+        return out
+
     try:
         with served(cmd, args.port, log_path, args.startup_timeout) as server:
             for c in args.concurrency:
@@ -220,21 +255,17 @@ def run_side(side: str, args, out_dir: Path, save=lambda partial: None) -> dict:
                 rows.append(bench_row(drop_generated_texts(out_dir / name)))
                 left = args.concurrency[len(rows):]
                 if left:
-                    save({"rows": list(rows), "error": f"stopped before concurrency {left[0]} (the run ended "
-                                                       "there: a time limit or a crash)",
-                          "peak_gpu_gib": sampler.peak_gib, **parse_server_log(log_path.read_text())})
+                    save(result(error=f"stopped before concurrency {left[0]} (the run ended there: a time "
+                                      "limit or a crash)"))
                 print(f"[{side}] concurrency {c}: {rows[-1]['output_tok_s']:.0f} output tok/s", flush=True)
     except ServerError as e:  # the levels measured before it (each checked that the server still ran) stand
-        return {"rows": rows, "error": f"{e}".splitlines()[0] + f"; see {log_path}"}
+        return result(error=f"{e}".splitlines()[0] + f"; see {log_path}")
     except subprocess.CalledProcessError as e:  # keep the levels already measured
-        return {"rows": rows, "error": f"vllm bench serve failed (exit {e.returncode}) at concurrency "
-                                      f"{args.concurrency[len(rows)]}", "peak_gpu_gib": sampler.peak_gib,
-                **parse_server_log(log_path.read_text())}
+        return result(error=f"vllm bench serve failed (exit {e.returncode}) at concurrency "
+                            f"{args.concurrency[len(rows)]}")
     finally:
         sampler.stop()
-    log = parse_server_log(log_path.read_text())
-    mismatch = side_mismatch(side, log["decision"])
-    return {"rows": rows, "peak_gpu_gib": sampler.peak_gib, **log, **({"error": mismatch} if mismatch else {})}
+    return result()
 
 
 SETTINGS = ("model", "load_format", "concurrency", "input_len", "output_len", "prompts_per_concurrency")
@@ -269,9 +300,18 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-serve"))
     args = ap.parse_args(argv)
     sides = parse_sides(ap, args.sides)
-    exit_cleanly_on_signals()
-    args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join([sys.executable, "-m", "benchmarks.serve_load"] + (argv or sys.argv[1:]))
+    replaced = exit_cleanly_on_signals()
+    try:
+        run_sides(args, sides, command)
+    finally:
+        for sig, handler in replaced.items():
+            signal.signal(sig, handler)
+
+
+def run_sides(args, sides: list[str], command: str) -> None:
+    """Each side in turn (its side file after every level), then serve.json and serve.md over --out."""
+    args.out.mkdir(parents=True, exist_ok=True)
     for side in sides:
         def save(partial, side=side):
             write_json_atomic(args.out / f"side-{side}.json",

@@ -107,7 +107,8 @@ def markdown(result: dict) -> str:
             if s.get(key):
                 d = s[key]
                 start_up += (f" During the {units} units the megakernel decoder ran Python for {d['python_launches']} "
-                             f"launches and rebuilt tables {d['rebuilds']} times ({d['build_ms']:.1f} ms); its stall "
+                             f"launches, built tables {d['builds']} times ({d['build_ms']:.1f} ms), {d['rebuilds']} of them "
+                             f"rebuilds ({d.get('rebuild_ms', 0):.1f} ms); its stall "
                              f"check took {d.get('poison_ms', 0):.1f} ms of host time over {d.get('poison_calls', 0)} "
                              "calls.")
         lines += [f"## {side}", "",

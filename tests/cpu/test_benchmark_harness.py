@@ -630,7 +630,7 @@ def test_a_serving_side_stopped_between_levels_keeps_the_levels_it_measured(tmp_
 
     monkeypatch.setattr(serve_load, "served", lambda *a, **k: contextlib.nullcontext(RunningServer()))
     monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
-    monkeypatch.setattr(serve_load, "exit_cleanly_on_signals", lambda: None)  # leave pytest's own handlers
+    monkeypatch.setattr(serve_load, "exit_cleanly_on_signals", lambda: {})  # leave pytest's own handlers
 
     class NoSampler:  # no nvidia-smi here (and subprocess.run is the bench stand-in below)
         peak_gib = None
@@ -706,6 +706,9 @@ def test_levels_measured_after_the_sides_server_exited_are_not_kept(tmp_path, mo
     assert levels == [1, 8]  # nothing measured after the server was found gone
     assert [r["concurrency"] for r in side["rows"]] == [1]
     assert side["error"].startswith("server exited with 1 during concurrency 8")
+    assert "no megakernel decision" in side["error"]  # its log has no decision line either
+    table = serve_load.markdown({"sides": {"stock": side}})  # the side file of a stopped run still tables
+    assert "| stock | 1 | 8 / 0 | 10 | 5.00 | 50.0 | - | None |" in table and "server exited with 1" in table
 
 
 def test_a_serving_side_whose_server_did_not_run_as_that_side_says_so(tmp_path, monkeypatch):
@@ -1089,7 +1092,7 @@ def test_a_serve_side_refuses_a_port_another_server_already_answers_on(tmp_path)
             assert time.time() < deadline and stray.poll() is None
             time.sleep(0.05)
         marker = tmp_path / "started"
-        with pytest.raises(serve_load.ServerError, match=f"already answers on port {port}"):
+        with pytest.raises(serve_load.ServerError, match=f"already holds port {port}"):
             with serve_load.served([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], port,
                                    tmp_path / "server.log", startup_timeout=10):
                 pass
@@ -1099,9 +1102,11 @@ def test_a_serve_side_refuses_a_port_another_server_already_answers_on(tmp_path)
         stray.wait()
 
 
-def test_a_time_limits_sigterm_stops_the_sides_server(tmp_path):
-    """`timeout` signals the benchmark's process group; the server runs in its own session, so only the
-    benchmark's handler (exit_cleanly_on_signals, then served's cleanup) can stop it."""
+def test_a_time_limits_sigterm_stops_the_sides_server_even_when_a_second_signal_comes(tmp_path):
+    """`timeout` signals the benchmark, then its process group; the server runs in its own session, so only the
+    benchmark's handler (exit_cleanly_on_signals, then served's cleanup) can stop it, and the second signal must
+    not cut that cleanup short. The fake server ignores SIGTERM, so the cleanup has to wait and then SIGKILL."""
+    import contextlib
     import os
     import signal
     import sys
@@ -1110,21 +1115,63 @@ def test_a_time_limits_sigterm_stops_the_sides_server(tmp_path):
     from benchmarks import serve_load
 
     port = _free_port()
-    (tmp_path / "fake_server.py").write_text(_FAKE_SERVER)
+    (tmp_path / "fake_server.py").write_text("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                             + _FAKE_SERVER)
     script = (f"import sys, time\nsys.path.insert(0, {str(REPO)!r})\n"
               "from benchmarks import serve_load\nserve_load.exit_cleanly_on_signals()\n"
               f"with serve_load.served([sys.executable, {str(tmp_path / 'fake_server.py')!r}, '{port}'], {port}, "
-              f"__import__('pathlib').Path({str(tmp_path / 'server.log')!r}), 30) as p:\n"
+              f"__import__('pathlib').Path({str(tmp_path / 'server.log')!r}), 30, stop_wait_s=3) as p:\n"
               "    print(p.pid, flush=True)\n    time.sleep(120)\n")
     bench = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    server_pid = None
     try:
         server_pid = int(bench.stdout.readline())
         assert serve_load.answers_health(port, timeout=2)
         bench.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # inside the cleanup's wait for the server, which ignores SIGTERM
+        bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=60) == 128 + signal.SIGTERM
         assert not serve_load.answers_health(port, timeout=1)
-        with pytest.raises(ProcessLookupError):  # reaped by the benchmark before it left
+        with pytest.raises(ProcessLookupError):  # killed and reaped by the benchmark before it left
             os.kill(server_pid, 0)
     finally:
         bench.kill()
         bench.wait()
+        if server_pid is not None:  # a failed run must not leave the fake server behind
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server_pid, signal.SIGKILL)
+
+
+def test_a_signal_the_caller_ignores_stays_ignored_and_the_handlers_can_be_put_back():
+    import signal
+
+    from benchmarks import serve_load
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        replaced = serve_load.exit_cleanly_on_signals()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and set(replaced) == {signal.SIGTERM}
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, before[signal.SIGTERM])
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_a_serve_side_refuses_a_port_held_by_a_listener_that_does_not_answer(tmp_path):
+    """vLLM's server sets SO_REUSEPORT: a second server could bind beside a stray one still starting up (no
+    /health answer yet) and share the benchmark's connections with it. The plain bind sees it."""
+    import socket
+    import sys
+
+    from benchmarks import serve_load
+
+    with socket.socket() as stray:
+        stray.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        stray.bind(("127.0.0.1", 0))
+        stray.listen()
+        port = stray.getsockname()[1]
+        with pytest.raises(serve_load.ServerError, match=f"already holds port {port}"):
+            with serve_load.served([sys.executable, "-c", "pass"], port, tmp_path / "server.log", startup_timeout=5):
+                pass
+    assert not serve_load.port_taken(port)

@@ -73,13 +73,13 @@ def test_the_prefill_table_gives_both_timings():
     assert "Engine start-up 50 s." in text
     result["sides"]["megakernel"] = {
         **result["sides"]["stock"], "decision": "megakernel",
-        "decoder_during_first_token_units": {"python_launches": 2, "builds": 2, "build_ms": 61.5, "rebuilds": 2,
-                                             "poison_calls": 18, "poison_ms": 0.9},
+        "decoder_during_first_token_units": {"python_launches": 2, "builds": 3, "build_ms": 71.5, "rebuilds": 2,
+                                             "rebuild_ms": 61.5, "poison_calls": 18, "poison_ms": 0.9},
         "decoder_during_prefill_units": {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0,
                                          "poison_calls": 2, "poison_ms": 0.1}}
     text = step_profile.markdown(result)
-    assert ("During the first-token units the megakernel decoder ran Python for 2 launches and rebuilt tables 2 "
-            "times (61.5 ms); its stall check took 0.9 ms of host time over 18 calls.") in text
+    assert ("During the first-token units the megakernel decoder ran Python for 2 launches, built tables 3 times "
+            "(71.5 ms), 2 of them rebuilds (61.5 ms); its stall check took 0.9 ms of host time over 18 calls.") in text
     assert "During the one-token units the megakernel decoder ran Python for 0 launches" in text
 
 
@@ -116,6 +116,7 @@ def test_prefill_units_use_prompts_the_prefix_cache_never_saw_and_profile_one_to
         stats["python_launches"] += 1
         if stats["python_launches"] % 3 == 0:
             stats["rebuilds"] += 1
+            stats["rebuild_ms"] += 10.0
         return stepped()
 
     engine.step = step
@@ -135,7 +136,8 @@ def test_prefill_units_use_prompts_the_prefix_cache_never_saw_and_profile_one_to
     assert len(side["first_token_ms"]) == len(side["prefill_ms"]) == 3 and side["decision"] == "stock"
     first, alone = side["decoder_during_first_token_units"], side["decoder_during_prefill_units"]
     assert first["python_launches"] + alone["python_launches"] < stats["python_launches"]  # the warm-ups are out
-    assert first["python_launches"] > 0 and first["rebuilds"] >= 1 and alone["build_ms"] == 0
+    assert first["python_launches"] > 0 and first["rebuilds"] >= 1 and first["rebuild_ms"] == 10.0 * first["rebuilds"]
+    assert alone["rebuilds"] >= 1 and alone["rebuild_ms"] == 10.0 * alone["rebuilds"]
     assert step_profile.stats_delta(None, stats) is None  # a stock engine has no decoder
 
 

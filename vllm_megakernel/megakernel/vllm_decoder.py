@@ -130,7 +130,8 @@ def prebuilt_batches(compilation_config, scheduler_config, max_batch: int) -> li
 
 def new_stats() -> dict:
     """MegakernelDecoder.stats, all counts at zero."""
-    return {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0, "poison_calls": 0, "poison_ms": 0.0}
+    return {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0, "rebuild_ms": 0.0, "poison_calls": 0,
+            "poison_ms": 0.0}
 
 
 @dataclasses.dataclass
@@ -150,6 +151,7 @@ class MegakernelDecoder:
         self.moe_intermediate = hf_config.intermediate_size
         self.dense_intermediate = getattr(hf_config, "prefix_dense_intermediate_size", None) or 0
         self.attn_layers = [layer.self_attn.attn for layer in model.model.layers]
+        self._cache_labels = [f"layer {i}'s KV cache" for i in range(len(self.attn_layers))]  # _inputs' key
         self.num_sms = num_sms
         self.max_batch = max_batch
         self.max_model_len = max_model_len
@@ -244,6 +246,7 @@ class MegakernelDecoder:
             self.stats["builds"] += 1
             self.stats["build_ms"] += ms
             if entry is not None:
+                self.stats["rebuild_ms"] += ms
                 self._note_rebuild(batch, entry.key, key, ms)
             entry = new
             self.entries[batch] = entry
@@ -281,8 +284,8 @@ class MegakernelDecoder:
                           slot_mapping.dtype))]
             layer_group.append(groups[gkey])
             caches.append(attn.kv_cache)
-            key += [(f"layer {i}'s KV cache", (attn.kv_cache.data_ptr(), tuple(attn.kv_cache.shape),
-                                                 attn.kv_cache.stride()))]
+            key.append((self._cache_labels[i], (attn.kv_cache.data_ptr(), tuple(attn.kv_cache.shape),
+                                                attn.kv_cache.stride())))
             if seq_lens is None:
                 seq_lens = md.seq_lens
                 key += [("seq_lens", (seq_lens.data_ptr(), seq_lens.dtype))]
@@ -333,11 +336,12 @@ class MegakernelDecoder:
 
 def key_change(old: tuple, new: tuple) -> str:
     """What differs between two steps' buffer keys (MegakernelDecoder._inputs' (what, value) pairs), in words."""
-    for (what, a), (what_new, b) in zip(old, new):
+    for i, ((what, a), (what_new, b)) in enumerate(zip(old, new)):
         if what != what_new:
             return f"the buffers' layout changed at {what_new} (was {what})"
         if a != b:
-            return f"vLLM's {what} moved or changed shape"
+            more = sum(x != y for x, y in zip(old[i + 1:], new[i + 1:]))
+            return f"vLLM's {what} moved or changed shape" + (f" (and {more} more of its buffers)" if more else "")
     return "the number of buffers changed" if len(old) != len(new) else "nothing differs"
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next session, issue #12 item 4 (after the five stash calls on the same machine; carry vllm_megakernel/_C*.so,
+# Next session, issue #12 item 4 (after the six stash calls on the same machine; carry vllm_megakernel/_C*.so,
 # .offline-bundle/install.sh, env.sh, bundle.sha256): `benchmarks.serve_load`, one side per call on a 1-GPU
 # machine (or both sides at once on nvidia-h200-x2 with CUDA_VISIBLE_DEVICES 0 / 1 and ports 8199 / 8200), its
 # warm-up wave, concurrency 1, 4, 8, 32, 64, prompts of INPUT_LEN tokens:
@@ -10,7 +10,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 side=${1:?stock or megakernel}; len=${2:?input length}; limit=${3:-570}; levels=${4:-1,4,8,32,64}
-res=$OUT/r; mkdir -p $res; start=$(date +%s)
+res=$OUT/r-$side-$len; mkdir -p $res; start=$(date +%s)
 env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $res/install.txt 2>&1; echo "install rc=$?"
 export PYTHONPATH=$PWD; source .offline-bundle/env.sh
 timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.serve_load --model configs/north-mini-code \
@@ -19,6 +19,7 @@ timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.serve_load --m
 echo "serve_load $side $len rc=$? ($(( $(date +%s) - start )) s)"; tail -12 $res/serve-$side-$len.log
 # serve_load stops its server on the time limit's SIGTERM since session AA; a server that still runs would
 # answer the next call's /health in place of that call's own server (session AA's calls 2-4 measured one)
-pkill -f "vllm.entrypoints.cli.main serve" && echo "a vllm server was still running: killed"
-# one archive per side and length, so that two runs in one call do not overwrite each other's
-cd $OUT && tar czf r-$side-$len.tgz r && rm -rf r
+# (only a server on this run's port: serve_load's default, 8199)
+pkill -f "vllm.entrypoints.cli.main serve .*--port 8199( |$)" && echo "a vllm server was still running: killed"
+# one folder and archive per side and length, so that two runs in one call do not overwrite each other's
+cd $OUT && tar czf r-$side-$len.tgz r-$side-$len && rm -rf r-$side-$len
