@@ -616,6 +616,23 @@ def test_serving_sides_run_apart_are_reported_together(tmp_path):
         serve_load.summary_of(tmp_path)
 
 
+class _NoSampler:  # no nvidia-smi here (and subprocess.run is the bench stand-in in the tests below)
+    peak_gib = None
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+
+def _no_gpu_sampling(monkeypatch):
+    from benchmarks import serve_load
+
+    monkeypatch.setattr(serve_load, "GpuMemorySampler", _NoSampler)
+    monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
+
+
 def test_a_serving_side_stopped_between_levels_keeps_the_levels_it_measured(tmp_path, monkeypatch):
     """serve_load writes the side's file after every level: a run killed in its third level (here the bench
     command raises, as a time limit's kill would end the process there) leaves the first two levels in
@@ -629,19 +646,8 @@ def test_a_serving_side_stopped_between_levels_keeps_the_levels_it_measured(tmp_
             return None
 
     monkeypatch.setattr(serve_load, "served", lambda *a, **k: contextlib.nullcontext(RunningServer()))
-    monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
     monkeypatch.setattr(serve_load, "exit_cleanly_on_signals", lambda: {})  # leave pytest's own handlers
-
-    class NoSampler:  # no nvidia-smi here (and subprocess.run is the bench stand-in below)
-        peak_gib = None
-
-        def start(self):
-            pass
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(serve_load, "GpuMemorySampler", NoSampler)
+    _no_gpu_sampling(monkeypatch)
 
     def bench(cmd, check):
         c = int(cmd[cmd.index("--max-concurrency") + 1])
@@ -691,17 +697,7 @@ def test_levels_measured_after_the_sides_server_exited_are_not_kept(tmp_path, mo
     args = argparse.Namespace(model="m", port=8199, load_format="dummy", concurrency=[1, 8, 32], input_len=16,
                               output_len=16, prompts_per_concurrency=1, startup_timeout=1)
 
-    class NoSampler:
-        peak_gib = None
-
-        def start(self):
-            pass
-
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(serve_load, "GpuMemorySampler", NoSampler)
-    monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
+    _no_gpu_sampling(monkeypatch)
     side = serve_load.run_side("stock", args, tmp_path)
     assert levels == [1, 8]  # nothing measured after the server was found gone
     assert [r["concurrency"] for r in side["rows"]] == [1]
@@ -737,19 +733,9 @@ def test_a_serving_side_whose_server_did_not_run_as_that_side_says_so(tmp_path, 
             {"max_concurrency": c, "completed": 8, "failed": 0, "output_throughput": 10.0,
              "median_tpot_ms": 5.0, "median_ttft_ms": 50.0}))
 
-    class NoSampler:
-        peak_gib = None
-
-        def start(self):
-            pass
-
-        def stop(self):
-            pass
-
     monkeypatch.setattr(serve_load, "served", lambda *a, **k: contextlib.nullcontext(Running()))
     monkeypatch.setattr(serve_load.subprocess, "run", bench)
-    monkeypatch.setattr(serve_load, "GpuMemorySampler", NoSampler)
-    monkeypatch.setattr(serve_load, "wait_until_released", lambda: None)
+    _no_gpu_sampling(monkeypatch)
     args = argparse.Namespace(model="m", port=8199, load_format="dummy", concurrency=[1], input_len=16,
                               output_len=16, prompts_per_concurrency=1, startup_timeout=1)
     (tmp_path / "server-megakernel.log").write_text(f"(EngineCore pid=1) INFO [cohere2_moe.py:127] {off}\n")
