@@ -145,14 +145,16 @@ def served(cmd: list[str], port: int, log_path: Path, startup_timeout: float, st
         try:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.time() + startup_timeout
-            while not answers_health(port):
+            while True:
+                healthy = answers_health(port)
+                # checked after the answer: a server that answered as it died leaves nothing to measure
                 if proc.poll() is not None:
                     raise ServerError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
+                if healthy:
+                    break
                 if time.time() > deadline:
                     raise ServerError(f"not healthy after {startup_timeout} s:\n{log_path.read_text()[-6000:]}")
                 time.sleep(2)
-            if proc.poll() is not None:  # it answered as it died: nothing of this server is left to measure
-                raise ServerError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
             yield proc
         finally:
             if proc is not None:

@@ -108,8 +108,8 @@ def markdown(result: dict) -> str:
                 d = s[key]
                 start_up += (f" During the {units} units the megakernel decoder ran Python for {d['python_launches']} "
                              f"launches, built tables {d['builds']} times ({d['build_ms']:.1f} ms), {d['rebuilds']} of them "
-                             f"rebuilds ({d.get('rebuild_ms', 0):.1f} ms); its stall "
-                             f"check took {d.get('poison_ms', 0):.1f} ms of host time over {d.get('poison_calls', 0)} "
+                             f"rebuilds ({d['rebuild_ms']:.1f} ms); its stall "
+                             f"check took {d['poison_ms']:.1f} ms of host time over {d['poison_calls']} "
                              "calls.")
         lines += [f"## {side}", "",
                   f"{timing}GPU busy per profiled {'prefill' if prefill else 'step'} "

@@ -76,7 +76,7 @@ def test_the_prefill_table_gives_both_timings():
         "decoder_during_first_token_units": {"python_launches": 2, "builds": 3, "build_ms": 71.5, "rebuilds": 2,
                                              "rebuild_ms": 61.5, "poison_calls": 18, "poison_ms": 0.9},
         "decoder_during_prefill_units": {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0,
-                                         "poison_calls": 2, "poison_ms": 0.1}}
+                                         "rebuild_ms": 0.0, "poison_calls": 2, "poison_ms": 0.1}}
     text = step_profile.markdown(result)
     assert ("During the first-token units the megakernel decoder ran Python for 2 launches, built tables 3 times "
             "(71.5 ms), 2 of them rebuilds (61.5 ms); its stall check took 0.9 ms of host time over 18 calls.") in text

@@ -246,7 +246,6 @@ class MegakernelDecoder:
             self.stats["builds"] += 1
             self.stats["build_ms"] += ms
             if entry is not None:
-                self.stats["rebuild_ms"] += ms
                 self._note_rebuild(batch, entry.key, key, ms)
             entry = new
             self.entries[batch] = entry
@@ -257,6 +256,7 @@ class MegakernelDecoder:
         """Counts a rebuild of a size's tables and logs the first for each (size, cause): outside vLLM's start-up
         (which rebuilds once, after its memory-profiling KV cache goes) one costs the step ``ms`` of host time."""
         self.stats["rebuilds"] += 1
+        self.stats["rebuild_ms"] += ms
         cause = key_change(old, new)
         if (batch, cause) not in self._rebuilds_logged:
             self._rebuilds_logged.add((batch, cause))
