@@ -1,0 +1,196 @@
+// Does an SM's round trip to L2 wait behind the bytes its own bulk copies have in flight?
+//
+// The megakernel's producer keeps its whole stage ring in flight (5 x 32 KB an SM). Session AB's batch-1 and
+// batch-8 traces (PERF_LOG #133) show the signaller's fence (a task's compute end to its signal) taking 0.4 us
+// when the SM's next task streams nothing and 1.5-2.2 us (p90 up to 5 us) when it streams weights. If answers
+// to an SM's requests queue behind its in-flight copy data, every round trip on a streaming SM (a fence, a
+// barrier poll, an activation read) costs about its in-flight bytes over its share of HBM bandwidth.
+//
+// One block per SM. A streamer warp keeps N bulk copies of 16 KB in flight (each issued when the one N back
+// has landed; the data is never read); a prober warp times, on its own SM, a gpu-scope fence, an L2 load
+// (ld.relaxed.gpu) and a store followed by a fence -- the signaller's pattern. Printed: for each in-flight
+// depth, with every SM streaming and with one SM streaming alone, the aggregate bandwidth and each probe's
+// median and p90 latency.
+//
+// Build (CPU machine): nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -o build/fence_probe
+//   benchmarks/candidates/fence-probe/fence_probe.cu
+// Run (GPU host): build/fence_probe
+#include <cuda/ptx>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+namespace ptx = cuda::ptx;
+
+constexpr int kChunk = 16384;  // bytes per bulk copy (the megakernel's stages are two of these)
+constexpr int kRing = 10;      // 160 KB of landing buffers: the deepest depth probed
+constexpr int kProbes = 256;
+constexpr int kKinds = 3;  // fence, load, store + fence
+constexpr int kThreads = 64;
+
+// Spins until the chunk's copy has landed; traps after 100 ms (a copy that never lands: no silent hang).
+__device__ __forceinline__ void wait_landed(uint64_t* bar, uint32_t parity) {
+  unsigned long long t0 = 0;
+  for (int spins = 0; !ptx::mbarrier_try_wait_parity(bar, parity); ++spins) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (spins == 0) t0 = t;
+    if (t - t0 > 100000000ull) {
+      printf("fence_probe: block %d: a bulk copy did not land within 100 ms\n", blockIdx.x);
+      __trap();
+    }
+  }
+}
+
+struct Shared {
+  alignas(128) uint8_t buf[kRing][kChunk];
+  uint64_t full[kRing];
+  volatile int stop;
+  volatile unsigned long long issued;
+  unsigned lat[kProbes][kKinds];  // the prober's cycles
+};
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    probe_kernel(const uint8_t* src, size_t region, int depth, int streaming_blocks, unsigned* word,
+                 unsigned long long* lat, unsigned long long* window) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  Shared& S = *reinterpret_cast<Shared*>(smem);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRing; ++s) ptx::mbarrier_init(&S.full[s], 1);
+    S.stop = 0;
+    S.issued = 0;
+  }
+  __syncthreads();
+  const bool streams = depth > 0 && blockIdx.x < streaming_blocks;
+  if (warp == 0) {
+    if (lane != 0 || !streams) return;
+    const uint8_t* base = src + region * blockIdx.x;
+    uint32_t i = 0;
+    for (; !S.stop; ++i) {
+      if (i >= (uint32_t)depth) {  // chunk i - depth has landed: at most `depth` in flight
+        const uint32_t m = i - depth;
+        wait_landed(&S.full[m % kRing], (m / kRing) & 1);
+      }
+      const int s = i % kRing;  // its last use, chunk i - kRing, landed (kRing >= depth)
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &S.full[s], kChunk);
+      ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, S.buf[s],
+                         base + (size_t)i * kChunk % region, kChunk, &S.full[s]);
+      S.issued = i + 1;
+    }
+    for (uint32_t m = i > (uint32_t)kRing ? i - kRing : 0; m < i; ++m)  // no exit with copies in flight
+      wait_landed(&S.full[m % kRing], (m / kRing) & 1);
+    return;
+  }
+  // warp 1, lane 0: the prober, on every streaming block (every block when none streams)
+  const int probers = streaming_blocks > 0 ? streaming_blocks : (int)gridDim.x;
+  if (lane != 0 || (int)blockIdx.x >= probers) {
+    if (lane == 0) S.stop = 1;
+    return;
+  }
+  unsigned* my_word = word + blockIdx.x * 32;  // its own 128-byte line
+  const unsigned long long warm = global_ns();
+  while (global_ns() - warm < 50000) {  // 50 us: every SM's stream reaches steady state
+  }
+  const unsigned long long t_start = global_ns(), c_start = clock64(), issued0 = S.issued;
+  // latencies kept in shared memory until the end: a store of the last one would sit in front of the next fence
+  unsigned sink = 0;
+  for (int k = 0; k < kProbes; ++k) {
+    long long t0 = clock64();
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    long long t1 = clock64();
+    S.lat[k][0] = (unsigned)(t1 - t0);
+    unsigned v;
+    t0 = clock64();
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(my_word) : "memory");
+    // the clock read is predicated on the loaded value, so it issues only once the load has answered
+    asm volatile("{ .reg .pred p; setp.eq.u32 p, %1, 0xdeadbeef; @p mov.u64 %0, 0; @!p mov.u64 %0, %%clock64; }"
+                 : "=l"(t1) : "r"(v) : "memory");
+    S.lat[k][1] = (unsigned)(t1 - t0);
+    sink += v;
+    t0 = clock64();
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(my_word + 1), "r"(sink + k) : "memory");
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    t1 = clock64();
+    S.lat[k][2] = (unsigned)(t1 - t0);
+    const long long pause = clock64();
+    while (clock64() - pause < 4000) {  // ~2 us between probes
+    }
+  }
+  const unsigned long long t_end = global_ns(), c_end = clock64(), issued1 = S.issued;
+  S.stop = 1;
+  window[blockIdx.x * 4 + 0] = t_end - t_start;
+  window[blockIdx.x * 4 + 1] = c_end - c_start;
+  window[blockIdx.x * 4 + 2] = issued1 - issued0;
+  window[blockIdx.x * 4 + 3] = sink;
+  unsigned long long* out = lat + (size_t)blockIdx.x * kProbes * kKinds;
+  for (int k = 0; k < kProbes; ++k)
+    for (int j = 0; j < kKinds; ++j) out[k * kKinds + j] = S.lat[k][j];
+}
+
+static void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+static double pct(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, (size_t)(q * v.size()))];
+}
+
+int main() {
+  int dev = 0, sms = 0;
+  check(cudaGetDevice(&dev), "device");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  const size_t region = 32ull << 20;  // 32 MB a block: 4.2 GB over 132 SMs, far past the 50 MB L2
+  uint8_t* src;
+  unsigned* word;
+  unsigned long long *lat, *window;
+  check(cudaMalloc(&src, region * sms), "source");
+  check(cudaMemset(src, 1, region * sms), "source fill");
+  check(cudaMalloc(&word, sms * 128), "words");
+  check(cudaMemset(word, 0, sms * 128), "words fill");
+  check(cudaMalloc(&lat, sizeof(unsigned long long) * sms * kProbes * kKinds), "latencies");
+  check(cudaMalloc(&window, sizeof(unsigned long long) * sms * 4), "windows");
+  const size_t smem = sizeof(Shared);
+  check(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "smem");
+  std::printf("%d SMs; probes: fence = fence.acq_rel.gpu, load = ld.relaxed.gpu (L2), store+fence = st.relaxed.gpu "
+              "then fence.acq_rel.gpu; ns from clock64 at the SM clock measured in the same window\n\n", sms);
+  std::printf("| streaming SMs | in flight an SM (KB) | GB/s (all streaming SMs) | fence median / p90 ns | "
+              "load median / p90 ns | store+fence median / p90 ns |\n|---|---|---|---|---|---|\n");
+  const int depths[] = {0, 1, 2, 3, 4, 6, 10};
+  for (int one = 0; one < 2; ++one) {
+    for (int depth : depths) {
+      if (one && depth == 0) continue;
+      const int streaming = depth == 0 ? 0 : (one ? 1 : sms);
+      probe_kernel<<<sms, kThreads, smem>>>(src, region, depth, streaming, word, lat, window);
+      check(cudaGetLastError(), "launch");
+      check(cudaDeviceSynchronize(), "run");
+      const int probers = streaming > 0 ? streaming : sms;
+      std::vector<unsigned long long> h(sms * kProbes * kKinds), w(sms * 4);
+      check(cudaMemcpy(h.data(), lat, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
+      check(cudaMemcpy(w.data(), window, w.size() * sizeof(w[0]), cudaMemcpyDeviceToHost), "copy");
+      double ns_per_cycle = (double)w[0] / (double)w[1];
+      double bytes = 0, secs = w[0] * 1e-9;
+      for (int b = 0; b < streaming; ++b) bytes += (double)w[b * 4 + 2] * kChunk;
+      std::vector<double> v[kKinds];
+      for (int b = 0; b < probers; ++b)
+        for (int k = 0; k < kProbes; ++k)
+          for (int j = 0; j < kKinds; ++j) v[j].push_back(h[((size_t)b * kProbes + k) * kKinds + j] * ns_per_cycle);
+      std::printf("| %d | %d | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", streaming, depth * kChunk / 1024,
+                  bytes / secs / 1e9, pct(v[0], 0.5), pct(v[0], 0.9), pct(v[1], 0.5), pct(v[1], 0.9), pct(v[2], 0.5),
+                  pct(v[2], 0.9));
+    }
+  }
+  return 0;
+}
