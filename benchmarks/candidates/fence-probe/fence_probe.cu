@@ -24,7 +24,7 @@
 
 namespace ptx = cuda::ptx;
 
-constexpr int kChunk = 16384;  // bytes per bulk copy (the megakernel's stages are two of these)
+constexpr int kChunk = 16384;  // bytes per bulk copy (the megakernel's stages are 32 KB, in one copy or two)
 constexpr int kRing = 10;      // 160 KB of landing buffers: the deepest depth probed
 constexpr int kProbes = 256;
 constexpr int kKinds = 3;  // fence, load, store + fence
@@ -59,8 +59,8 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    probe_kernel(const uint8_t* src, size_t region, int depth, int streaming_blocks, unsigned* word,
-                 unsigned long long* lat, unsigned long long* window) {
+    probe_kernel(const uint8_t* src, size_t region, size_t first_chunk, int depth, int streaming_blocks,
+                 unsigned* word, unsigned* probers_done, unsigned long long* lat, unsigned long long* window) {
   extern __shared__ __align__(128) uint8_t smem[];
   Shared& S = *reinterpret_cast<Shared*>(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -74,6 +74,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp == 0) {
     if (lane != 0 || !streams) return;
     const uint8_t* base = src + region * blockIdx.x;
+    // evict-first in L2, as the megakernel's weight and K/V copies (pipeline.cuh): the stream must not evict the
+    // prober's line, or its loads would time HBM misses instead of the queue this measures
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     uint32_t i = 0;
     for (; !S.stop; ++i) {
       if (i >= (uint32_t)depth) {  // chunk i - depth has landed: at most `depth` in flight
@@ -82,8 +86,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const int s = i % kRing;  // its last use, chunk i - kRing, landed (kRing >= depth)
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &S.full[s], kChunk);
-      ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, S.buf[s],
-                         base + (size_t)i * kChunk % region, kChunk, &S.full[s]);
+      const uint8_t* from = base + (first_chunk + i) * kChunk % region;
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+          :
+          : "r"((uint32_t)__cvta_generic_to_shared(S.buf[s])), "l"(from), "r"(kChunk),
+            "r"((uint32_t)__cvta_generic_to_shared(&S.full[s])), "l"(policy)
+          : "memory");
       S.issued = i + 1;
     }
     for (uint32_t m = i > (uint32_t)kRing ? i - kRing : 0; m < i; ++m)  // no exit with copies in flight
@@ -111,7 +120,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned v;
     t0 = clock64();
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(my_word) : "memory");
-    // the clock read is predicated on the loaded value, so it issues only once the load has answered
+    // the clock read comes after an instruction that reads the loaded value (ptxas makes it a compare and a
+    // select around an unpredicated clock read): in-order issue stops it until the load has answered
     asm volatile("{ .reg .pred p; setp.eq.u32 p, %1, 0xdeadbeef; @p mov.u64 %0, 0; @!p mov.u64 %0, %%clock64; }"
                  : "=l"(t1) : "r"(v) : "memory");
     S.lat[k][1] = (unsigned)(t1 - t0);
@@ -126,6 +136,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   const unsigned long long t_end = global_ns(), c_end = clock64(), issued1 = S.issued;
+  // every streamer runs until the last prober is done, so that no prober's last probes meet a quieter GPU (a
+  // bounded wait: blocks that are not all resident must not hang the probe)
+  atomicAdd(probers_done, 1u);
+  for (const unsigned long long t = global_ns(); global_ns() - t < 100000000ull;)
+    if (*(volatile unsigned*)probers_done >= (unsigned)probers) break;
   S.stop = 1;
   window[blockIdx.x * 4 + 0] = t_end - t_start;
   window[blockIdx.x * 4 + 1] = c_end - c_start;
@@ -156,12 +171,14 @@ int main() {
   uint8_t* src;
   unsigned* word;
   unsigned long long *lat, *window;
+  unsigned* probers_done;
   check(cudaMalloc(&src, region * sms), "source");
   check(cudaMemset(src, 1, region * sms), "source fill");
   check(cudaMalloc(&word, sms * 128), "words");
   check(cudaMemset(word, 0, sms * 128), "words fill");
   check(cudaMalloc(&lat, sizeof(unsigned long long) * sms * kProbes * kKinds), "latencies");
   check(cudaMalloc(&window, sizeof(unsigned long long) * sms * 4), "windows");
+  check(cudaMalloc(&probers_done, sizeof(unsigned)), "counter");
   const size_t smem = sizeof(Shared);
   check(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "smem");
   std::printf("%d SMs; probes: fence = fence.acq_rel.gpu, load = ld.relaxed.gpu (L2), store+fence = st.relaxed.gpu "
@@ -169,27 +186,33 @@ int main() {
   std::printf("| streaming SMs | in flight an SM (KB) | GB/s (all streaming SMs) | fence median / p90 ns | "
               "load median / p90 ns | store+fence median / p90 ns |\n|---|---|---|---|---|---|\n");
   const int depths[] = {0, 1, 2, 3, 4, 6, 10};
+  size_t first_chunk = 0;
   for (int one = 0; one < 2; ++one) {
     for (int depth : depths) {
-      if (one && depth == 0) continue;
-      const int streaming = depth == 0 ? 0 : (one ? 1 : sms);
-      probe_kernel<<<sms, kThreads, smem>>>(src, region, depth, streaming, word, lat, window);
+      const int streaming = depth == 0 ? (one ? 1 : 0) : (one ? 1 : sms);  // depth 0, one: block 0 probes alone
+      // one SM alone streams the whole allocation (4.2 GB, far past the L2), every SM its own 32 MB; each launch
+      // starts where the last one's reads are least likely to linger in L2
+      const size_t block_region = one ? region * sms : region;
+      check(cudaMemset(probers_done, 0, sizeof(unsigned)), "counter");
+      probe_kernel<<<sms, kThreads, smem>>>(src, block_region, first_chunk, depth, streaming, word, probers_done,
+                                             lat, window);
       check(cudaGetLastError(), "launch");
       check(cudaDeviceSynchronize(), "run");
+      first_chunk += 977;
       const int probers = streaming > 0 ? streaming : sms;
       std::vector<unsigned long long> h(sms * kProbes * kKinds), w(sms * 4);
       check(cudaMemcpy(h.data(), lat, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
       check(cudaMemcpy(w.data(), window, w.size() * sizeof(w[0]), cudaMemcpyDeviceToHost), "copy");
-      double ns_per_cycle = (double)w[0] / (double)w[1];
-      double bytes = 0, secs = w[0] * 1e-9;
-      for (int b = 0; b < streaming; ++b) bytes += (double)w[b * 4 + 2] * kChunk;
+      const double ns_per_cycle = (double)w[0] / (double)w[1];
+      double gbps = 0;  // each streaming block's bytes over its own probing window
+      for (int b = 0; b < (depth ? streaming : 0); ++b) gbps += (double)w[b * 4 + 2] * kChunk / (double)w[b * 4];
       std::vector<double> v[kKinds];
       for (int b = 0; b < probers; ++b)
         for (int k = 0; k < kProbes; ++k)
           for (int j = 0; j < kKinds; ++j) v[j].push_back(h[((size_t)b * kProbes + k) * kKinds + j] * ns_per_cycle);
-      std::printf("| %d | %d | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", streaming, depth * kChunk / 1024,
-                  bytes / secs / 1e9, pct(v[0], 0.5), pct(v[0], 0.9), pct(v[1], 0.5), pct(v[1], 0.9), pct(v[2], 0.5),
-                  pct(v[2], 0.9));
+      std::printf("| %d%s | %d | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", depth ? streaming : 0,
+                  probers == 1 ? " (block 0 probes alone)" : "", depth * kChunk / 1024, gbps, pct(v[0], 0.5),
+                  pct(v[0], 0.9), pct(v[1], 0.5), pct(v[1], 0.9), pct(v[2], 0.5), pct(v[2], 0.9));
     }
   }
   return 0;

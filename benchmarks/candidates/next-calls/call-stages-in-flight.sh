@@ -18,12 +18,12 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-570}
 left() { echo $(( limit - ($(date +%s) - start) )); }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
-timeout 60 build/fence_probe > $res/fence-probe.md 2>&1; echo "fence probe rc=$? ($(( $(date +%s) - start )) s)"
+timeout -k 5 60 build/fence_probe > $res/fence-probe.md 2>&1; echo "fence probe rc=$? ($(( $(date +%s) - start )) s)"
 cat $res/fence-probe.md
 run() {  # NAME BATCH LIMIT VARIANT...
   local name=$1 b=$2 lim=$3; shift 3
   local extra=(); for v in "$@"; do extra+=(--variant "$v"); done
-  timeout $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
+  timeout -k 5 $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
     --rounds 8 --iters 30 --control --variant base=variants/base.so "${extra[@]}" --out $res/$name > $res/$name.log 2>&1
   echo "$name rc=$? ($(( $(date +%s) - start )) s)"; cat $res/$name/table.md 2>/dev/null || tail -5 $res/$name.log
 }
@@ -51,19 +51,19 @@ PY
 echo "picked: ${pick:-none}"
 for v in base ${pick:-sif2}; do  # traces of base and of the pick (sif2 when none is picked: the mechanism's check)
   cp variants/$v.so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
-  timeout 60 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1,8 --iters 10 \
+  timeout -k 5 40 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1,8 --iters 10 \
     --save-traces --out $res/profile-$v > $res/profile-$v.log 2>&1
   echo "profile $v rc=$? ($(( $(date +%s) - start )) s)"; grep -A4 "^| batch | context" $res/profile-$v/report.md | head -4
 done
 if [ -n "$pick" ]; then
   cp variants/$pick.so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
-  timeout $(( $(left) - 130 )) python3 -m pytest -q -rA -p no:cacheprovider --durations=5 tests/gpu/test_each_opcode.py \
+  timeout -k 5 $(( $(left) - 130 )) python3 -m pytest -q -rA -p no:cacheprovider --durations=5 tests/gpu/test_each_opcode.py \
     tests/gpu/test_megakernel_step.py > $res/kernel-tests-$pick.txt 2>&1
   echo "kernel tests ($pick) rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/kernel-tests-$pick.txt
   grep -E "^FAILED" $res/kernel-tests-$pick.txt | head -8
   w=$(ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl); d=/tmp/cs-13.5.25; rm -rf $d; python3 -m zipfile -e $w $d
   chmod -R u+x $d/nvidia/cu13; cs=$d/nvidia/cu13/bin/compute-sanitizer
-  COMPUTE_SANITIZER=$cs timeout $(( $(left) - 10 )) python3 -m pytest -v -rA -p no:cacheprovider --durations=4 \
+  COMPUTE_SANITIZER=$cs timeout -k 5 $(( $(left) - 10 )) python3 -m pytest -v -rA -p no:cacheprovider --durations=4 \
     tests/gpu/test_sanitizer.py -k "not ragged and not local" > $res/sanitizer-$pick.txt 2>&1
   echo "sanitizer ($pick) rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/sanitizer-$pick.txt
   grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer-$pick.txt
