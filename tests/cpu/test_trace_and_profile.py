@@ -180,6 +180,51 @@ def test_layer_hops_time_each_blocked_wait_from_the_last_signal_to_the_run(dims)
     assert text.startswith("signal to run, per dependency edge (layers 1-4;") and "| router_topk | mlp_up |" in text
 
 
+def test_signal_tails_group_each_tasks_signal_delay_by_the_wave_its_sm_ran_next(dims):
+    """A task's tail is its end stamp (after the signaller's fence) less its compute end, grouped by its wave and
+    the wave of the task its SM ran next (by run start): the same groups, counts and medians as a brute-force scan
+    of synthetic waves; a task with nothing after it on its SM is left out, and a longer fence shows in its group."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 900 + 70 * i for i, w in enumerate(waves)}, {w: 500 for w in waves})
+    layers = [i for i in range(dims.num_layers - 1) if not dims.dense[i]]
+    col = {n: rec[:, abi.TRACE_FIELDS.index(n)].tolist() for n in abi.TRACE_FIELDS}
+
+    def brute_force():
+        out = {}
+        for t in sched.tasks:
+            if t.layer not in layers or not col["end_ns"][t.index]:
+                continue
+            order = lambda u: (col["run_start_ns"][u.index], u.index)  # noqa: E731
+            after = [u for u in sched.tasks if col["sm"][u.index] == col["sm"][t.index] and col["end_ns"][u.index]
+                     and order(u) > order(t)]
+            if after:
+                nxt = min(after, key=order)
+                out.setdefault((t.wave, nxt.wave), []).append((col["end_ns"][t.index] - col["compute_end_ns"][t.index]) / 1e3)
+        return out
+
+    def check():
+        rows = {(r.wave, r.next_wave): r for r in trace.signal_tails(sched, rec, layers)}
+        want = brute_force()
+        assert set(rows) == set(want) and len(rows) > 3
+        for k, v in want.items():
+            assert rows[k].tasks == len(v) and rows[k].tail_us == pytest.approx(statistics.median(v))
+        return rows
+
+    rows = check()
+    assert all(r.tail_us == pytest.approx(0.2) for r in rows.values())  # synthetic: compute end 200 ns before end
+    # the up/gate tasks' fences made 3 us longer: their groups' medians move, the others' do not
+    end = abi.TRACE_FIELDS.index("end_ns")
+    for t in sched.tasks:
+        if t.wave == "mlp_up":
+            rec[t.index, end] += 3000
+            col["end_ns"][t.index] += 3000
+    after = check()
+    assert {k for k in after if after[k].tail_us == pytest.approx(3.2)} == {k for k in after if k[0] == "mlp_up"} != set()
+    text = trace.tails_markdown(trace.signal_tails(sched, rec, layers), "layers 1-4")
+    assert text.startswith("signal tails, per wave and the wave its SM ran next (layers 1-4;") and "| mlp_up |" in text
+
+
 def test_every_layer_table_is_the_same_on_globaltimer_sized_stamps(dims):
     """A real trace's stamps are globaltimer nanoseconds (~1.76e18 on the H200 of session X), not the synthetic
     records' 1e6: a table that compares them with a Python float (promoted to float32) or keeps them in float64
@@ -195,7 +240,7 @@ def test_every_layer_table_is_the_same_on_globaltimer_sized_stamps(dims):
     nb = trace.task_bytes(sched, rec, lambda wave, lay: 64.0 * (1 + waves.index(wave)))
     for table in (lambda r: trace.layer_activity(sched, r, layers, nb, bin_us=0.1),
                   lambda r: trace.layer_timeline(sched, r, layers), lambda r: trace.layer_ends(sched, r, layers),
-                  lambda r: trace.layer_hops(sched, r, layers),
+                  lambda r: trace.layer_hops(sched, r, layers), lambda r: trace.signal_tails(sched, r, layers),
                   lambda r: trace.summarize(sched, r)):
         plain = table(rec)
         assert table(shifted) == plain
@@ -389,6 +434,13 @@ def test_tasks_split_by_the_opcode_their_sm_ran_just_before():
                                  config=config)
     assert "what the SMs do over a layer (MoE layers 2-3," in text
     assert "| 0 | 3 | 120 | 2500 | 50% |" in text and "| 2 | 40 | 92 | 1000 | 20% |" in text
+    # the signal tails, when the row has them (rows of runs before session AB do not)
+    timeline = {"layers": "MoE layers 2-3", "next_layer_us": 40.0, "waves": []}
+    assert "signal tails" not in kernel_profile.report([dict(result, timeline=timeline)], bandwidth=5e12, config=config)
+    tails = json.loads(json.dumps([dataclasses.asdict(trace.Tail("mlp_up", "mlp_down", 12, 1.47, 2.21))]))
+    text = kernel_profile.report([dict(result, timeline=timeline, tails=tails)], bandwidth=5e12, config=config)
+    assert "signal tails, per wave and the wave its SM ran next (MoE layers 2-3;" in text
+    assert "| mlp_up | mlp_down | 12 | 1.47 | 2.21 |" in text
 
 
 def test_profile_rows_of_later_placements_say_which_placement_they_timed():
@@ -612,6 +664,7 @@ def test_traced_launch_reports_times_from_the_time_fields_and_where_the_blocks_r
     assert bins and max(b["consumed_gbs"] for b in bins) > 0 and max(b["running"] for b in bins) > 0
     assert all(b["running"] >= 0 and b["waiting"] >= 0 for b in bins)
     assert out["hops"] == [dataclasses.asdict(h) for h in trace.layer_hops(sched, rec, middle)] and out["hops"]
+    assert out["tails"] == [dataclasses.asdict(x) for x in trace.signal_tails(sched, rec, middle)] and out["tails"]
 
 
 
@@ -644,6 +697,7 @@ def test_reread_gives_the_activity_table_of_the_run_from_its_saved_records(dims,
     layers = trace.middle_moe_layers(dims)
     assert trace.activity_markdown(bins, f"MoE layers {layers[0]}-{layers[-1]}", 1e12) in text
     assert trace.hops_markdown(trace.layer_hops(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
+    assert trace.tails_markdown(trace.signal_tails(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert max(b.consumed_gbs for b in bins) > 0
     (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12,
                                                        "results": [{**row, "batch": 2}]}))

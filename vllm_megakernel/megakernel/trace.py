@@ -450,6 +450,55 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
     return sorted(rows, key=lambda r: (-r.waits, r.signaller, r.waiter))
 
 
+@dataclasses.dataclass
+class Tail:
+    """A kind of task's signal tail: from its consumers' end (the compute-end stamp) to its signal (the end stamp,
+    taken after the signaller's fence), by the task's wave and the wave its SM's consumers ran next."""
+
+    wave: str
+    next_wave: str  # of the task that ran next on the same SM
+    tasks: int
+    tail_us: float  # median
+    p90_us: float
+
+
+def signal_tails(schedule: Schedule, records: torch.Tensor, layers) -> list[Tail]:
+    """How long each task's signal came after its consumers finished (the hand-over to the signaller and its
+    ``fence.acq_rel.gpu``), over the tasks of ``layers`` that have a next task on their SM, grouped by (wave,
+    the next task's wave): a fence that waits behind its SM's in-flight copies shows as a longer tail where the
+    SM's producer streams the tasks after it (PERF_LOG #133). Most tasks first."""
+    rec, f = record_fields(records)
+    by_layer, layers = _tasks_by_layer(schedule, rec, layers)
+    sm, end, done, run0 = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns"))
+    ran = ran_tasks(schedule, rec).tolist()
+    on_sm: dict[int, list[int]] = defaultdict(list)
+    for t in schedule.tasks:
+        if ran[t.index]:
+            on_sm[sm[t.index]].append(t.index)
+    following: dict[int, int] = {}  # task -> the task its SM ran next
+    for ix in on_sm.values():
+        ix.sort(key=lambda i: (run0[i], i))
+        following.update(zip(ix, ix[1:]))
+    tails: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for layer in layers:
+        for ix in by_layer[layer].values():
+            for i in ix:
+                if i in following:
+                    tails[(schedule.tasks[i].wave, schedule.tasks[following[i]].wave)].append((end[i] - done[i]) / 1e3)
+    rows = [Tail(w, n, len(v), _median(v), float(torch.tensor(v, dtype=torch.float64).quantile(0.9)))
+            for (w, n), v in tails.items()]
+    return sorted(rows, key=lambda r: (-r.tasks, r.wave, r.next_wave))
+
+
+def tails_markdown(rows: list[Tail], layers: str) -> str:
+    lines = [f"signal tails, per wave and the wave its SM ran next ({layers}; from the consumers' end to the signal: "
+             "the hand-over to the signaller and its fence)", "",
+             "| wave | next wave on the SM | tasks | median us | p90 us |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.wave} | {r.next_wave} | {r.tasks} | {r.tail_us:.2f} | {r.p90_us:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def hops_markdown(rows: list[Hop], layers: str) -> str:
     lines = [f"signal to run, per dependency edge ({layers}; tasks blocked on their last-satisfied barrier; from the "
              "last signaller's end stamp to the waiter's run start; a routed expert task's includes its producer's "
