@@ -371,3 +371,45 @@ def test_processes_reads_an_interleaved_folder_as_a_row_per_variant(tmp_path):
     assert processes.table(rows).splitlines()[3].endswith("| 4 |")  # smid's map against base's: all 4 moved
     with pytest.raises(ValueError, match="no batch 2"):
         processes.process_rows("i1", tmp_path / "i1", batch=2)
+
+
+from benchmarks.ab import pick as ab_pick
+
+
+def _run_folder(folder: Path, changes: dict[str, tuple[float, float]]) -> Path:
+    """An ab.interleaved --out folder whose one batch has these (median change, fastest round's change) per
+    variant, as fractions (the base's row at 0)."""
+    variants = {"base": {"median_us": 1000.0, "change": 0.0, "change_min": 0.0, "change_max": 0.0, "spread": 0.01}}
+    for name, (change, fastest) in changes.items():
+        variants[name] = {"median_us": 1000.0 * (1 + change), "change": change, "change_min": fastest,
+                          "change_max": change + 0.01, "spread": 0.01}
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"variants": {}, "results": [{"batch": 1, "variants": variants}]}))
+    return folder
+
+
+def test_the_pick_is_the_fastest_candidate_that_beats_the_control_and_keeps_the_guard_batch(tmp_path, capsys):
+    """A candidate is taken on only when at the primary batch it is at least the required gain faster and faster
+    than the A/A control's fastest round, and at the guard batch at most the allowed loss slower; of those, the
+    fastest at the primary batch. Nothing is picked when no candidate qualifies or a run left no results."""
+    b1 = _run_folder(tmp_path / "b1", {"control": (-0.006, -0.014), "a": (-0.030, -0.040), "b": (-0.050, -0.060),
+                                       "c": (-0.012, -0.020), "d": (-0.005, -0.010)})
+    b8 = _run_folder(tmp_path / "b8", {"control": (0.0, -0.002), "a": (0.004, 0.0), "b": (0.009, 0.0),
+                                       "c": (-0.010, -0.02), "d": (-0.010, -0.02)})
+    p1, p8 = ab_pick.changes(b1), ab_pick.changes(b8)
+    # b is fastest at batch 1 but 0.9% slower at batch 8; c beats 1% but not the control's -1.4%; d gains too little
+    assert ab_pick.pick(p1, p8, ["a", "b", "c", "d"]) == "a"
+    assert ab_pick.pick(p1, p8, ["a", "b", "c", "d"], guard_loss=1.0) == "b"
+    assert ab_pick.pick(p1, p8, ["c", "d"]) is None
+    assert ab_pick.pick(p1, p8, ["c"], gain=1.0) is None and ab_pick.pick(p1, {}, ["a"]) is None
+    assert ab_pick.changes(tmp_path / "missing") == {}
+    ab_pick.main([str(b1), str(b8), "a", "b", "c"])
+    assert capsys.readouterr().out == "a\n"
+    ab_pick.main([str(b1), str(tmp_path / "cut-short"), "a", "b"])
+    assert capsys.readouterr().out == "\n"
+
+
+def test_the_pick_on_session_zs_committed_ab_is_the_variant_that_call_picked_and_landed():
+    """Session Z's call 1 picked pcorel with the same rule (then a regular expression over its table.md)."""
+    z = REPO / "benchmarks/results/h200-2026-12-04-v2-session-z/call1"
+    assert ab_pick.pick(ab_pick.changes(z / "b1"), ab_pick.changes(z / "b8"), ["pco", "pcons", "pcorel"]) == "pcorel"

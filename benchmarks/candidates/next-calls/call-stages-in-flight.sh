@@ -31,29 +31,16 @@ vs=(sif1=variants/sif1.so sif2=variants/sif2.so sif3=variants/sif3.so)
 run b1 1 95 "${vs[@]}"
 run b2 2 70 "${vs[@]}"
 run b8 8 70 "${vs[@]}"
-# the pick: batch 1 at least 1% faster than base and faster than the control's fastest round, batch 8 no more
-# than 0.5% slower; the fastest at batch 1
-pick=$(python3 - $res <<'PY'
-import re, sys, pathlib
-def changes(b):  # variant -> (median change, fastest round's change), in %
-    t = pathlib.Path(sys.argv[1], f"b{b}", "table.md")
-    out = {}
-    for line in (t.read_text().splitlines() if t.exists() else []):
-        m = re.match(r"\|\s*\d+\s*\|\s*(\w+)\s*\|\s*\d+\s*\|\s*([+-][\d.]+)%\s*\|\s*([+-][\d.]+) \.\.", line)
-        if m: out[m.group(1)] = (float(m.group(2)), float(m.group(3)))
-    return out
-b1, b8 = changes(1), changes(8)
-noise = b1.get("control", (0.0, 0.0))[1]  # the A/A row's fastest round against base
-ok = [v for v in ("sif1", "sif2", "sif3") if b1.get(v, (0, 0))[0] <= min(-1.0, noise) and b8.get(v, (99, 99))[0] <= 0.5]
-print(min(ok, key=lambda v: b1[v][0]) if ok else "")
-PY
-)
+# the pick (benchmarks/ab/pick.py): batch 1 at least 1% faster than base and faster than the control's fastest
+# round, batch 8 no more than 0.5% slower; the fastest at batch 1
+pick=$(python3 -m benchmarks.ab.pick $res/b1 $res/b8 sif1 sif2 sif3)
 echo "picked: ${pick:-none}"
 for v in base ${pick:-sif2}; do  # traces of base and of the pick (sif2 when none is picked: the mechanism's check)
   cp variants/$v.so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
   timeout -k 5 40 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1,8 --iters 10 \
     --save-traces --out $res/profile-$v > $res/profile-$v.log 2>&1
   echo "profile $v rc=$? ($(( $(date +%s) - start )) s)"; grep -A4 "^| batch | context" $res/profile-$v/report.md | head -4
+  grep -A8 "^signal tails" $res/profile-$v/report.md | grep "^|" | cut -c1-80  # the fence's time (PERF_LOG #133)
 done
 if [ -n "$pick" ]; then
   cp variants/$pick.so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
