@@ -6,7 +6,7 @@
 # signal and inputs (PERF_LOG #134), smaller up/gate tiles (moe_up_cols=24: #108 measured +0.6%, its shorter tail
 # paid for by one more task an SM) and the live splits on SMs without QKV (split_order=live_first with 48 live tasks:
 # #112 measured -0.55%) should move to -1 to -3% at batch 1; o_within_down=0.7 (batch 16's default, within the spread
-# at 1-8, #36) is the control case: it changes no per-task cost, so it should stay within +-1%.
+# at 1-8: #35-#36, layout.o_within_down_for) is the control case: it changes no per-task cost, so it should stay within +-1%.
 # `bash call-after-in-flight.sh PICK [SECONDS]` (default 300).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
