@@ -392,6 +392,17 @@ def layer_activity(schedule: Schedule, records: torch.Tensor, layers, nbytes: to
     return [ActivityBin(i * bin_us, float(med[i, 0]), float(med[i, 1]), float(med[i, 2])) for i in range(nbins)]
 
 
+def _sm_run_order(schedule: Schedule, ran: list[bool], sm: list[int], run0: list[int]) -> list[list[int]]:
+    """Each SM's tasks that ran, in the order its consumers ran them (run start; task index on a tie)."""
+    on_sm: dict[int, list[int]] = defaultdict(list)
+    for t in schedule.tasks:
+        if ran[t.index]:
+            on_sm[sm[t.index]].append(t.index)
+    for ix in on_sm.values():
+        ix.sort(key=lambda i: (run0[i], i))
+    return list(on_sm.values())
+
+
 @dataclasses.dataclass
 class Hop:
     """One kind of dependency edge: the waves of the tasks that signalled a barrier and of the tasks that were
@@ -419,18 +430,11 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
     ran = ran_tasks(schedule, rec).tolist()
     staged = _staged(f).tolist()  # a task that waits only if it has work and had none marked no stage phase
     last: dict[int, tuple[int, str]] = {}  # barrier -> (its last signaller's end, that signaller's wave)
-    on_sm: dict[int, list[int]] = defaultdict(list)
     for t in schedule.tasks:
-        if not ran[t.index]:
-            continue
-        on_sm[sm[t.index]].append(t.index)
-        if t.signal != abi.NO_BARRIER and end[t.index] > last.get(t.signal, (0, ""))[0]:
+        if ran[t.index] and t.signal != abi.NO_BARRIER and end[t.index] > last.get(t.signal, (0, ""))[0]:
             last[t.signal] = (end[t.index], t.wave)
-    ready: dict[int, int] = {}  # task -> when its SM's consumers finished the task before it (0: the SM's first)
-    for ix in on_sm.values():
-        ix.sort(key=lambda i: (run0[i], i))
-        for a, b in zip(ix, ix[1:]):
-            ready[b] = done[a]
+    # task -> when its SM's consumers finished the task before it (absent, so 0: the SM's first)
+    ready = {b: done[a] for ix in _sm_run_order(schedule, ran, sm, run0) for a, b in zip(ix, ix[1:])}
     hops: dict[tuple[str, str], list[float]] = defaultdict(list)
     for layer in layers:
         for ix in by_layer[layer].values():
@@ -471,14 +475,8 @@ def signal_tails(schedule: Schedule, records: torch.Tensor, layers) -> list[Tail
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     sm, end, done, run0 = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns"))
     ran = ran_tasks(schedule, rec).tolist()
-    on_sm: dict[int, list[int]] = defaultdict(list)
-    for t in schedule.tasks:
-        if ran[t.index]:
-            on_sm[sm[t.index]].append(t.index)
-    following: dict[int, int] = {}  # task -> the task its SM ran next
-    for ix in on_sm.values():
-        ix.sort(key=lambda i: (run0[i], i))
-        following.update(zip(ix, ix[1:]))
+    # task -> the task its SM ran next
+    following = {a: b for ix in _sm_run_order(schedule, ran, sm, run0) for a, b in zip(ix, ix[1:])}
     tails: dict[tuple[str, str], list[float]] = defaultdict(list)
     for layer in layers:
         for ix in by_layer[layer].values():

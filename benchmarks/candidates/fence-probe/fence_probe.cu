@@ -30,12 +30,17 @@ constexpr int kProbes = 256;
 constexpr int kKinds = 3;  // fence, load, store + fence
 constexpr int kThreads = 64;
 
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // Spins until the chunk's copy has landed; traps after 100 ms (a copy that never lands: no silent hang).
 __device__ __forceinline__ void wait_landed(uint64_t* bar, uint32_t parity) {
   unsigned long long t0 = 0;
   for (int spins = 0; !ptx::mbarrier_try_wait_parity(bar, parity); ++spins) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned long long t = global_ns();
     if (spins == 0) t0 = t;
     if (t - t0 > 100000000ull) {
       printf("fence_probe: block %d: a bulk copy did not land within 100 ms\n", blockIdx.x);
@@ -51,12 +56,6 @@ struct Shared {
   volatile unsigned long long issued;
   unsigned lat[kProbes][kKinds];  // the prober's cycles
 };
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __global__ void __launch_bounds__(kThreads, 1)
     probe_kernel(const uint8_t* src, size_t region, size_t first_chunk, int depth, int streaming_blocks,
