@@ -5,7 +5,7 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 14;
+constexpr int kAbiVersion = 15;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 
@@ -159,32 +159,33 @@ constexpr int S_ROPE_THETA_F64 = 10;
 constexpr int S_TIMEOUT_NS = 11;
 constexpr int S_UNIFORM_ROUTING = 12;
 constexpr int S_LOCAL_ROUTING = 13;
-constexpr int S_ROUTE_EXPERT_OFF = 14;
-constexpr int S_ROUTE_COUNT_OFF = 15;
-constexpr int S_ROUTE_ROWS_OFF = 16;
-constexpr int S_EMBED = 17;
-constexpr int S_FINAL_NORM = 18;
-constexpr int S_INPUT_IDS = 19;
-constexpr int S_POSITIONS = 20;
-constexpr int S_SEQ_LENS = 21;
-constexpr int S_X = 22;
-constexpr int S_HN = 23;
-constexpr int S_Q = 24;
-constexpr int S_OPART = 25;
-constexpr int S_LSE = 26;
-constexpr int S_ATTN = 27;
-constexpr int S_O = 28;
-constexpr int S_MLP = 29;
-constexpr int S_OUT = 30;
-constexpr int S_SCORES = 31;
-constexpr int S_TOPK_W = 32;
-constexpr int S_ROUTE = 33;
-constexpr int S_DACT = 34;
-constexpr int S_ACT = 35;
-constexpr int S_EOUT = 36;
-constexpr int S_ROUTE_LOG = 37;
-constexpr int S_TRACE = 38;
-constexpr int kStepWords = 39;
+constexpr int S_STAGES_IN_FLIGHT = 14;
+constexpr int S_ROUTE_EXPERT_OFF = 15;
+constexpr int S_ROUTE_COUNT_OFF = 16;
+constexpr int S_ROUTE_ROWS_OFF = 17;
+constexpr int S_EMBED = 18;
+constexpr int S_FINAL_NORM = 19;
+constexpr int S_INPUT_IDS = 20;
+constexpr int S_POSITIONS = 21;
+constexpr int S_SEQ_LENS = 22;
+constexpr int S_X = 23;
+constexpr int S_HN = 24;
+constexpr int S_Q = 25;
+constexpr int S_OPART = 26;
+constexpr int S_LSE = 27;
+constexpr int S_ATTN = 28;
+constexpr int S_O = 29;
+constexpr int S_MLP = 30;
+constexpr int S_OUT = 31;
+constexpr int S_SCORES = 32;
+constexpr int S_TOPK_W = 33;
+constexpr int S_ROUTE = 34;
+constexpr int S_DACT = 35;
+constexpr int S_ACT = 36;
+constexpr int S_EOUT = 37;
+constexpr int S_ROUTE_LOG = 38;
+constexpr int S_TRACE = 39;
+constexpr int kStepWords = 40;
 
 // Layer table words (int64).
 constexpr int L_DENSE = 0;

@@ -171,7 +171,10 @@ __device__ __forceinline__ void produce(SharedStorage& S, Producer& p, int& i, c
 
 __device__ __forceinline__ void run_producer(SharedStorage& S, const Step& st, const long long* layer_table,
                                              const int* my_tasks, int max_tasks, int* barriers, int* error) {
-  Producer p{st, StageProducer{S.pipe}, barriers, error, st.i(abi::S_TIMEOUT_NS)};
+  // The host checks stages_in_flight against the ring (schedule.StepShape); clamped here all the same, since
+  // 0 would let no stage issue and the consumers would wait out their timeout.
+  const uint32_t in_flight = (uint32_t)min(max(st.i(abi::S_STAGES_IN_FLIGHT), 1LL), (long long)kStages);
+  Producer p{st, StageProducer{S.pipe, in_flight}, barriers, error, st.i(abi::S_TIMEOUT_NS)};
   int published = 0;
   produce(S, p, published, layer_table, my_tasks, max_tasks);
   // Every descriptor counted was stored and arrived on by all 32 lanes before produce() could return, and

@@ -20,8 +20,10 @@
 //
 // Phases: the n-th use of a buffer (n = count / ring size) is waited on with parity n & 1 by the side
 // that consumes it, and with parity (n & 1) ^ 1 by the side that refills it (a fresh barrier counts its
-// phase -1 as complete, so the first use of every buffer passes). Every wait checks the block's abort
-// flag while it spins, and only while the barrier is not yet complete.
+// phase -1 as complete, so the first use of every buffer passes). Under a cap on stages in flight the
+// producer also waits on full[] of the stage `in_flight` back, with that stage's own parity, before it claims
+// the next buffer (StageProducer below). Every wait checks the block's abort flag while it spins, and only
+// while the barrier is not yet complete.
 //
 // Aborts and the consumer warps: the consumers meet at named barriers, so after an abort they must all
 // give up at the same ring position; if one warp gave up on a stage or descriptor still being filled while
@@ -122,13 +124,29 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 }
 
 // The producer's view of the stage ring (lane 0 of the producer warp only).
+//
+// At most `in_flight` of its stages are in flight (issued, not yet landed) at once (the step's
+// stages_in_flight, layout.stages_in_flight_for); the ring's other buffers hold landed stages the consumers
+// have not read yet. Why a cap: an SM's round trips to L2 (the signaller's fence, the consumers' activation
+// reads, barrier polls, route reads) answer behind the bytes in flight, which with the whole ring in flight on
+// every SM is ~21 MB, ~5 us of HBM time, while ~64 KB an SM keeps HBM near its copy bandwidth (the fence
+// probe: fence.acq_rel.gpu 2.2 us at 64 KB an SM, 8.4 us at 160 KB). A bandwidth-bound batch still wants the
+// whole ring.
 struct StageProducer {
   PipelineStorage& p;
-  uint32_t n = 0;  // stages issued so far
+  uint32_t in_flight;  // 1 .. kStages
+  uint32_t n = 0;      // stages issued so far
   uint64_t read_once = l2_evict_first_policy();
 
-  // Claims the next buffer and announces `bytes` of copies into it; nullptr if the block aborted.
+  // Claims the next buffer and announces `bytes` of copies into it; nullptr if the block aborted. Under a cap
+  // it first waits for stage n - in_flight to land: issued copies land without anyone's help, so this cannot
+  // deadlock, and that stage's buffer is not refilled before stage n (in_flight < kStages), so its full
+  // barrier still shows the phase this waits for.
   __device__ uint8_t* begin(uint32_t bytes) {
+    if (in_flight < (uint32_t)kStages && n >= in_flight) {
+      const uint32_t m = n - in_flight;
+      if (!p.wait(&p.full[m % kStages], (m / kStages) & 1)) return nullptr;
+    }
     const int s = n % kStages;
     if (!p.wait(&p.empty[s], ((n / kStages) & 1) ^ 1)) return nullptr;
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &p.full[s], bytes);

@@ -28,6 +28,7 @@ def test_tables_point_at_weights_caches_and_vllm_buffers(tiny_checkpoint):
     assert (s["batch"], s["attn_splits"], s["attn_min_tiles"], s["num_slots"]) == (3, 2, 3, sched.num_slots)
     assert struct.unpack("<d", struct.pack("<q", s["eps_f64"]))[0] == dims.eps
     assert s["timeout_ns"] == 1_500_000_000 and s["block_size"] == 4
+    assert s["stages_in_flight"] == sched.shape.stages_in_flight == layout.stages_in_flight_for(3)
     off = layout.route_offsets(dims, 3)
     assert (s["route_expert_off"], s["route_count_off"], s["route_rows_off"]) == (off["expert"], off["count"], off["rows"])
     for name, (shape, _) in layout.workspace_spec(dims, 3, 2, *w.intermediates()).items():

@@ -1045,6 +1045,27 @@ def test_o_within_down_needs_an_order_that_allows_it():
     StepShape(batch=3, num_sms=5, o_within_down=0.5, order="combine_before_experts")
 
 
+def test_stages_in_flight_takes_the_layouts_choice_and_stays_within_the_ring():
+    """StepShape.stages_in_flight: 0 takes layout.stages_in_flight_for the batch (a shallow cap where the step
+    is latency-bound, the whole ring from batch 8); an explicit cap is kept; outside 1 .. the ring's buffers it
+    is refused, since a cap of 0 would let no stage issue. The cap changes no task: the same lists either way."""
+    assert StepShape(batch=1, num_sms=132).stages_in_flight == layout.stages_in_flight_for(1) < layout.STAGES
+    assert StepShape(batch=8, num_sms=132).stages_in_flight == layout.STAGES
+    assert StepShape(batch=64, num_sms=132).stages_in_flight == layout.STAGES
+    assert StepShape(batch=8, num_sms=132, stages_in_flight=1).stages_in_flight == 1
+    for bad in (-1, layout.STAGES + 1):
+        with pytest.raises(ValueError, match="stages_in_flight"):
+            StepShape(batch=3, num_sms=5, stages_in_flight=bad)
+
+
+def test_a_cap_on_stages_in_flight_deals_the_same_tasks(dims, weights):
+    capped = build_schedule(dims, StepShape(batch=3, num_sms=5, stages_in_flight=1), *weights.intermediates())
+    whole = build_schedule(dims, StepShape(batch=3, num_sms=5, stages_in_flight=layout.STAGES),
+                           *weights.intermediates())
+    assert [t.fields for t in capped.tasks] == [t.fields for t in whole.tasks]
+    assert capped.sm_tasks == whole.sm_tasks
+
+
 def test_a_prefix_keeps_the_top_ks_share_only_where_it_keeps_the_whole_down_wave(dims):
     """truncated(): a top-k whose layer's down wave is cut signals nothing extra (the kept dead tiles stay
     unsignalled, and nothing kept waits on them); the prefix still completes with dead slots."""

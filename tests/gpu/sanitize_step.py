@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--through", default=None, help="run up to the end of layer 0's wave of this name")
     ap.add_argument("--local-routing", action="store_true",
                     help="the expert tasks' producers route the layer themselves (StepShape.local_routing)")
+    ap.add_argument("--stages-in-flight", type=int, default=0,
+                    help="the producer's cap on stages in flight (StepShape.stages_in_flight; 0: the batch's default)")
     args = ap.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     if not lengths or min(lengths) < 0 or not any(lengths):
@@ -46,7 +48,8 @@ def main():
     sim.fill_history(live, generator=torch.Generator().manual_seed(0))
     inp = sim.step([11 + i for i in range(len(live))] + [None] * (batch - len(live)))
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                                           attn_splits=args.splits, local_routing=args.local_routing or None),
+                                           attn_splits=args.splits, local_routing=args.local_routing or None,
+                                           stages_in_flight=args.stages_in_flight),
                            *w.intermediates())
     if args.through:
         sched = sched.truncated(sched.wave_range(0, args.through)[1])

@@ -39,7 +39,7 @@ def compare(got, expected, live):
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
              bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=None,
-             qkv_batch_split=0, o_batch_split=0, local_routing=None):
+             qkv_batch_split=0, o_batch_split=0, local_routing=None, stages_in_flight=0):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN.
     ``combine_in_norm`` None and ``qkv_batch_split`` / ``o_batch_split`` 0 take the layout's choice for the batch (StepShape's)."""
@@ -63,7 +63,7 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
                                            expert_claims=expert_claims, deal=deal, o_within_down=o_within_down,
                                            tiles=tiles, combine_in_norm=combine_in_norm,
                                            qkv_batch_split=qkv_batch_split, o_batch_split=o_batch_split,
-                                           local_routing=local_routing),
+                                           local_routing=local_routing, stages_in_flight=stages_in_flight),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -255,6 +255,22 @@ def test_uniform_routing_draws_the_references_experts_with_weight_one(wide, batc
     expected = ref.decode_step(dims, w, inp, uniform_routing=True)
     cos, err = compare(got, expected, live)
     print(f"uniform routing, batch {batch}: min cosine {cos:.6f}, max rel err {err:.4f}")
+
+
+@pytest.mark.parametrize("batch, lengths", [(1, [8192]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])
+def test_every_cap_on_stages_in_flight_computes_the_same_step_bit_for_bit(wide, batch, lengths):
+    """StepShape.stages_in_flight only changes when the producer issues its copies (it waits for an earlier
+    stage to land before it claims the next buffer): from one stage in flight to the whole ring, the step
+    matches the reference and every cap's output is bit-equal to the uncapped ring's."""
+    from vllm_megakernel.megakernel import layout
+
+    dims, w = wide
+    _, whole = one_step(dims, w, lengths, batch, 0, stages_in_flight=layout.STAGES)
+    for cap in range(1, layout.STAGES):
+        (cos, err), capped = one_step(dims, w, lengths, batch, 0, stages_in_flight=cap)
+        assert capped.schedule.shape.stages_in_flight == cap
+        assert torch.equal(capped.view("out"), whole.view("out")), f"{cap} stages in flight"
+        print(f"batch {batch}, {cap} stages in flight: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal")
 
 
 @pytest.mark.parametrize("batch, lengths", [(1, [3000]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])

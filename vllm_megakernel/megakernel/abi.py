@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 TASK_WORDS = 32
 NO_BARRIER = -1
 
@@ -145,6 +145,9 @@ STEP_FIELDS = (
     # top-k as ROUTER_TOPK, on one warp) instead of waiting for the top-k's work list (schedule.StepShape's
     # local_routing; batches up to KERNEL["local_routing_max_batch"])
     "local_routing",
+    # how many of the producer's stage-ring buffers may be in flight (issued, not landed) at once, 1 to
+    # KERNEL["stages"] (the whole ring: no cap); schedule.StepShape's stages_in_flight
+    "stages_in_flight",
     # route buffer offsets (int32 words): num_active at 0, then layout.route_offsets
     "route_expert_off", "route_count_off", "route_rows_off",
     # model-wide weights

@@ -136,7 +136,9 @@ class StepShape:
     the batch): every expert task's producer chooses the layer's experts itself from the router's scores, so
     the expert tasks wait on the router wave instead of the top-k (which still runs, for the MoE combine's
     weights, which the combine then waits for); up to layout.LOCAL_ROUTING_MAX_BATCH rows, with a MoE
-    combine wave (not combine_in_norm)."""
+    combine wave (not combine_in_norm). ``stages_in_flight`` (0: layout.stages_in_flight_for the batch) caps the
+    producer's stage-ring buffers in flight at once, 1 to layout.STAGES (the whole ring): a launch choice that
+    changes when each SM's copies are issued, never what is computed."""
 
     batch: int
     num_sms: int
@@ -159,6 +161,7 @@ class StepShape:
     split_order: str | None = None
     combine_place: str | None = None
     local_routing: bool | None = None
+    stages_in_flight: int = 0
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
@@ -205,6 +208,11 @@ class StepShape:
         if self.local_routing and (self.batch > layout.LOCAL_ROUTING_MAX_BATCH or self.combine_in_norm):
             raise ValueError(f"local_routing: up to batch {layout.LOCAL_ROUTING_MAX_BATCH} with a MoE combine wave "
                              f"(batch {self.batch}, combine_in_norm={self.combine_in_norm})")
+        if self.stages_in_flight == 0:
+            object.__setattr__(self, "stages_in_flight", layout.stages_in_flight_for(self.batch))
+        if not 1 <= self.stages_in_flight <= layout.STAGES:
+            raise ValueError(f"stages_in_flight={self.stages_in_flight}: 1 to the ring's {layout.STAGES} buffers "
+                             f"(0: the layout's choice for the batch)")
         if self.attn_live_tasks < 0 or self.attn_max_tiles < 1:
             raise ValueError(f"attn_live_tasks={self.attn_live_tasks} (0: off), attn_max_tiles={self.attn_max_tiles}: "
                              f"at least 1")
