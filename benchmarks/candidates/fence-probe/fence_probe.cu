@@ -10,7 +10,8 @@
 // has landed; the data is never read); a prober warp times, on its own SM, a gpu-scope fence, an L2 load
 // (ld.relaxed.gpu) and a store followed by a fence -- the signaller's pattern. Printed: for each in-flight
 // depth, with every SM streaming and with one SM streaming alone, the aggregate bandwidth and each probe's
-// median and p90 latency.
+// median and p90 latency. A third set (session AC) tells the SM's own in-flight bytes from everyone's: a few
+// probing SMs stream at one depth while every other SM streams at another.
 //
 // Build (CPU machine): nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -o build/fence_probe
 //   benchmarks/candidates/fence-probe/fence_probe.cu
@@ -59,7 +60,8 @@ struct Shared {
 
 __global__ void __launch_bounds__(kThreads, 1)
     probe_kernel(const uint8_t* src, size_t region, size_t first_chunk, int depth, int streaming_blocks,
-                 unsigned* word, unsigned* probers_done, unsigned long long* lat, unsigned long long* window) {
+                 int probers, int prober_depth, unsigned* word, unsigned* probers_done, unsigned long long* lat,
+                 unsigned long long* window) {
   extern __shared__ __align__(128) uint8_t smem[];
   Shared& S = *reinterpret_cast<Shared*>(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -69,7 +71,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     S.issued = 0;
   }
   __syncthreads();
-  const bool streams = depth > 0 && blockIdx.x < streaming_blocks;
+  // blocks 0 .. probers - 1 probe and stream at prober_depth, the others stream at depth
+  const int my_depth = (int)blockIdx.x < probers ? prober_depth : depth;
+  const bool streams = my_depth > 0 && (int)blockIdx.x < streaming_blocks;
   if (warp == 0) {
     if (lane != 0 || !streams) return;
     const uint8_t* base = src + region * blockIdx.x;
@@ -79,11 +83,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     uint32_t i = 0;
     for (; !S.stop; ++i) {
-      if (i >= (uint32_t)depth) {  // chunk i - depth has landed: at most `depth` in flight
-        const uint32_t m = i - depth;
+      if (i >= (uint32_t)my_depth) {  // chunk i - my_depth has landed: at most `my_depth` in flight
+        const uint32_t m = i - my_depth;
         wait_landed(&S.full[m % kRing], (m / kRing) & 1);
       }
-      const int s = i % kRing;  // its last use, chunk i - kRing, landed (kRing >= depth)
+      const int s = i % kRing;  // its last use, chunk i - kRing, landed (kRing >= my_depth)
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &S.full[s], kChunk);
       const uint8_t* from = base + (first_chunk + i) * kChunk % region;
       asm volatile(
@@ -98,10 +102,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       wait_landed(&S.full[m % kRing], (m / kRing) & 1);
     return;
   }
-  // warp 1, lane 0: the prober, on every streaming block (every block when none streams)
-  const int probers = streaming_blocks > 0 ? streaming_blocks : (int)gridDim.x;
-  if (lane != 0 || (int)blockIdx.x >= probers) {
-    if (lane == 0) S.stop = 1;
+  // warp 1, lane 0: the prober on blocks 0 .. probers - 1; on the other blocks it only keeps its block's streamer
+  // going until every prober is done, and records the streamer's window
+  if (lane != 0) return;
+  if ((int)blockIdx.x >= probers) {
+    const unsigned long long warm = global_ns();
+    while (global_ns() - warm < 50000) {
+    }
+    const unsigned long long t_start = global_ns(), issued0 = S.issued;
+    for (const unsigned long long t = global_ns(); global_ns() - t < 100000000ull; __nanosleep(2000))
+      if (*(volatile unsigned*)probers_done >= (unsigned)probers) break;  // a poll every ~2 us: little traffic
+    window[blockIdx.x * 4 + 0] = global_ns() - t_start;
+    window[blockIdx.x * 4 + 2] = S.issued - issued0;
+    S.stop = 1;
     return;
   }
   unsigned* my_word = word + blockIdx.x * 32;  // its own 128-byte line
@@ -193,12 +206,12 @@ int main() {
       // starts where the last one's reads are least likely to linger in L2
       const size_t block_region = one ? region * sms : region;
       check(cudaMemset(probers_done, 0, sizeof(unsigned)), "counter");
-      probe_kernel<<<sms, kThreads, smem>>>(src, block_region, first_chunk, depth, streaming, word, probers_done,
-                                             lat, window);
+      const int probers = streaming > 0 ? streaming : sms;
+      probe_kernel<<<sms, kThreads, smem>>>(src, block_region, first_chunk, depth, streaming, probers, depth, word,
+                                             probers_done, lat, window);
       check(cudaGetLastError(), "launch");
       check(cudaDeviceSynchronize(), "run");
       first_chunk += 977;
-      const int probers = streaming > 0 ? streaming : sms;
       std::vector<unsigned long long> h(sms * kProbes * kKinds), w(sms * 4);
       check(cudaMemcpy(h.data(), lat, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
       check(cudaMemcpy(w.data(), window, w.size() * sizeof(w[0]), cudaMemcpyDeviceToHost), "copy");
@@ -213,6 +226,37 @@ int main() {
                   probers == 1 ? " (block 0 probes alone)" : "", depth * kChunk / 1024, gbps, pct(v[0], 0.5),
                   pct(v[0], 0.9), pct(v[1], 0.5), pct(v[1], 0.9), pct(v[2], 0.5), pct(v[2], 0.9));
     }
+  }
+  // Own bytes or everyone's: kMixedProbers SMs probe while streaming at their own depth, every other SM streams at
+  // the other depth. If a fence waits behind its own SM's copies, it follows the probers' column; if behind the
+  // whole GPU's, the others'.
+  constexpr int kMixedProbers = 4;
+  std::printf("\n| probing SMs' in flight (KB) | other SMs' in flight (KB) | GB/s (all SMs) | fence median / p90 ns | "
+              "load median / p90 ns | store+fence median / p90 ns |\n|---|---|---|---|---|---|\n");
+  const int mixed[][2] = {{0, 10}, {1, 10}, {2, 10}, {10, 10}, {0, 2}, {10, 2}, {0, 4}, {10, 4}};
+  for (const auto& m : mixed) {
+    const int own = m[0], others = m[1];
+    check(cudaMemset(probers_done, 0, sizeof(unsigned)), "counter");
+    check(cudaMemset(window, 0, sizeof(unsigned long long) * sms * 4), "windows");
+    probe_kernel<<<sms, kThreads, smem>>>(src, region, first_chunk, others, sms, kMixedProbers, own, word,
+                                           probers_done, lat, window);
+    check(cudaGetLastError(), "launch");
+    check(cudaDeviceSynchronize(), "run");
+    first_chunk += 977;
+    std::vector<unsigned long long> h(sms * kProbes * kKinds), w(sms * 4);
+    check(cudaMemcpy(h.data(), lat, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
+    check(cudaMemcpy(w.data(), window, w.size() * sizeof(w[0]), cudaMemcpyDeviceToHost), "copy");
+    const double ns_per_cycle = (double)w[0] / (double)w[1];
+    double gbps = 0;
+    for (int b = 0; b < sms; ++b)
+      if (w[b * 4]) gbps += (double)w[b * 4 + 2] * kChunk / (double)w[b * 4];
+    std::vector<double> v[kKinds];
+    for (int b = 0; b < kMixedProbers; ++b)
+      for (int k = 0; k < kProbes; ++k)
+        for (int j = 0; j < kKinds; ++j) v[j].push_back(h[((size_t)b * kProbes + k) * kKinds + j] * ns_per_cycle);
+    std::printf("| %d | %d | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", own * kChunk / 1024,
+                others * kChunk / 1024, gbps, pct(v[0], 0.5), pct(v[0], 0.9), pct(v[1], 0.5), pct(v[1], 0.9),
+                pct(v[2], 0.5), pct(v[2], 0.9));
   }
   return 0;
 }
