@@ -11,7 +11,9 @@
 // (ld.relaxed.gpu) and a store followed by a fence -- the signaller's pattern. Printed: for each in-flight
 // depth, with every SM streaming and with one SM streaming alone, the aggregate bandwidth and each probe's
 // median and p90 latency. A third set (session AC) tells the SM's own in-flight bytes from everyone's: a few
-// probing SMs stream at one depth while every other SM streams at another.
+// probing SMs stream at one depth while every other SM streams at another (it showed the fence waiting for its own
+// SM's copies: PERF_LOG #139). A fourth times one dependency hop between two SMs under the same loads, by protocol:
+// main's (fence on both sides), an acquire load on the waiter's side, and a data-flag store with no fence at all.
 //
 // Build (CPU machine): nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -o build/fence_probe
 //   benchmarks/candidates/fence-probe/fence_probe.cu
@@ -58,6 +60,34 @@ struct Shared {
   unsigned lat[kProbes][kKinds];  // the prober's cycles
 };
 
+// The streamer (lane 0 of a block's warp 0): keeps `depth` bulk copies of kChunk bytes in flight, reading `base`'s
+// region from chunk `first_chunk` on, until S.stop; leaves no copy in flight.
+__device__ void stream(Shared& S, const uint8_t* base, size_t region, size_t first_chunk, int my_depth) {
+  // evict-first in L2, as the megakernel's weight and K/V copies (pipeline.cuh): the stream must not evict the
+  // prober's line, or its loads would time HBM misses instead of the queue this measures
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  uint32_t i = 0;
+  for (; !S.stop; ++i) {
+    if (i >= (uint32_t)my_depth) {  // chunk i - my_depth has landed: at most `my_depth` in flight
+      const uint32_t m = i - my_depth;
+      wait_landed(&S.full[m % kRing], (m / kRing) & 1);
+    }
+    const int s = i % kRing;  // its last use, chunk i - kRing, landed (kRing >= my_depth)
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &S.full[s], kChunk);
+    const uint8_t* from = base + (first_chunk + i) * kChunk % region;
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        :
+        : "r"((uint32_t)__cvta_generic_to_shared(S.buf[s])), "l"(from), "r"(kChunk),
+          "r"((uint32_t)__cvta_generic_to_shared(&S.full[s])), "l"(policy)
+        : "memory");
+    S.issued = i + 1;
+  }
+  for (uint32_t m = i > (uint32_t)kRing ? i - kRing : 0; m < i; ++m)  // no exit with copies in flight
+    wait_landed(&S.full[m % kRing], (m / kRing) & 1);
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     probe_kernel(const uint8_t* src, size_t region, size_t first_chunk, int depth, int streaming_blocks,
                  int probers, int prober_depth, unsigned* word, unsigned* probers_done, unsigned long long* lat,
@@ -75,31 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int my_depth = (int)blockIdx.x < probers ? prober_depth : depth;
   const bool streams = my_depth > 0 && (int)blockIdx.x < streaming_blocks;
   if (warp == 0) {
-    if (lane != 0 || !streams) return;
-    const uint8_t* base = src + region * blockIdx.x;
-    // evict-first in L2, as the megakernel's weight and K/V copies (pipeline.cuh): the stream must not evict the
-    // prober's line, or its loads would time HBM misses instead of the queue this measures
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    uint32_t i = 0;
-    for (; !S.stop; ++i) {
-      if (i >= (uint32_t)my_depth) {  // chunk i - my_depth has landed: at most `my_depth` in flight
-        const uint32_t m = i - my_depth;
-        wait_landed(&S.full[m % kRing], (m / kRing) & 1);
-      }
-      const int s = i % kRing;  // its last use, chunk i - kRing, landed (kRing >= my_depth)
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &S.full[s], kChunk);
-      const uint8_t* from = base + (first_chunk + i) * kChunk % region;
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-          :
-          : "r"((uint32_t)__cvta_generic_to_shared(S.buf[s])), "l"(from), "r"(kChunk),
-            "r"((uint32_t)__cvta_generic_to_shared(&S.full[s])), "l"(policy)
-          : "memory");
-      S.issued = i + 1;
-    }
-    for (uint32_t m = i > (uint32_t)kRing ? i - kRing : 0; m < i; ++m)  // no exit with copies in flight
-      wait_landed(&S.full[m % kRing], (m / kRing) & 1);
+    if (lane == 0 && streams) stream(S, src + region * blockIdx.x, region, first_chunk, my_depth);
     return;
   }
   // warp 1, lane 0: the prober on blocks 0 .. probers - 1; on the other blocks it only keeps its block's streamer
@@ -161,6 +167,100 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned long long* out = lat + (size_t)blockIdx.x * kProbes * kKinds;
   for (int k = 0; k < kProbes; ++k)
     for (int j = 0; j < kKinds; ++j) out[k * kKinds + j] = S.lat[k][j];
+}
+
+// One dependency hop between two SMs, timed as half a ping-pong's round trip, under the load the megakernel puts
+// on them: blocks 0 and 1 stream at `pair_depth` (their producers' copies in flight) while every other block streams
+// at `depth`. Protocols, as a signaller and a waiter would use them:
+//   0 fence: data store, fence.acq_rel.gpu, flag store; poll the flag relaxed, then fence.acq_rel.gpu (main's wait);
+//   1 acquire: the same signal; poll the flag with ld.acquire.gpu (benchmarks/candidates/acquire-load.patch);
+//   2 data-flag: one 8-byte store of {data, round}; poll the 8 bytes until the round shows (NCCL's LL protocol: no
+//     fence on either side; as a probe only, since PTX does not promise that the vector store is seen whole).
+constexpr int kHopRounds = 200, kHopWarmup = 20;
+
+__global__ void __launch_bounds__(kThreads, 1)
+    hop_kernel(const uint8_t* src, size_t region, size_t first_chunk, int depth, int pair_depth, int protocol,
+               unsigned* inbox, unsigned* pair_done, unsigned long long* out) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  Shared& S = *reinterpret_cast<Shared*>(smem);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRing; ++s) ptx::mbarrier_init(&S.full[s], 1);
+    S.stop = 0;
+    S.issued = 0;
+  }
+  __syncthreads();
+  const bool pair = blockIdx.x < 2;
+  const int my_depth = pair ? pair_depth : depth;
+  if (warp == 0) {
+    if (lane == 0 && my_depth > 0) stream(S, src + region * blockIdx.x, region, first_chunk, my_depth);
+    return;
+  }
+  if (lane != 0) return;
+  const unsigned long long warm = global_ns();
+  while (global_ns() - warm < 50000) {  // 50 us: every SM's stream reaches steady state
+  }
+  if (!pair) {  // keep streaming until block 0 has its rounds
+    for (const unsigned long long t = global_ns(); global_ns() - t < 100000000ull; __nanosleep(2000))
+      if (*(volatile unsigned*)pair_done) break;
+    S.stop = 1;
+    return;
+  }
+  unsigned* mine = inbox + blockIdx.x * 32;          // its own 128-byte line: [0] flag or {data, round}, [1] data
+  unsigned* theirs = inbox + (blockIdx.x ^ 1) * 32;
+  unsigned errors = 0;
+  auto send = [&](unsigned r) {
+    const unsigned payload = r * 7u + 1u;
+    if (protocol == 2) {
+      asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(theirs), "r"(payload), "r"(r) : "memory");
+    } else {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(theirs + 1), "r"(payload) : "memory");
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(theirs), "r"(r) : "memory");
+    }
+  };
+  auto receive = [&](unsigned r) {
+    unsigned v = 0, f = 0;
+    const unsigned long long t0 = global_ns();
+    for (;;) {
+      if (protocol == 2)
+        asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(v), "=r"(f) : "l"(mine) : "memory");
+      else if (protocol == 1)
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(mine) : "memory");
+      else
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(mine) : "memory");
+      if (f == r) break;
+      if (global_ns() - t0 > 100000000ull) {  // 100 ms: the other side is gone; count it and go on
+        ++errors;
+        return;
+      }
+    }
+    if (protocol == 0) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    if (protocol != 2) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(mine + 1) : "memory");
+    if (v != r * 7u + 1u) ++errors;
+  };
+  long long c0 = 0;
+  unsigned long long t0 = 0;
+  for (unsigned r = 1; r <= kHopRounds + kHopWarmup; ++r) {
+    if (r == kHopWarmup + 1) c0 = clock64(), t0 = global_ns();
+    const long long c = clock64();
+    if (blockIdx.x == 0) {
+      send(r);
+      receive(r);
+      if (r > kHopWarmup) S.lat[r - kHopWarmup - 1][0] = (unsigned)(clock64() - c);
+    } else {
+      receive(r);
+      send(r);
+    }
+  }
+  if (blockIdx.x == 0) {
+    out[0] = global_ns() - t0;
+    out[1] = clock64() - c0;
+    out[2] = errors;
+    for (int k = 0; k < kHopRounds; ++k) out[4 + k] = S.lat[k][0];
+    atomicExch(pair_done, 1u);
+  }
+  S.stop = 1;
 }
 
 static void check(cudaError_t e, const char* what) {
@@ -258,5 +358,32 @@ int main() {
                 others * kChunk / 1024, gbps, pct(v[0], 0.5), pct(v[0], 0.9), pct(v[1], 0.5), pct(v[1], 0.9),
                 pct(v[2], 0.5), pct(v[2], 0.9));
   }
+  // One hop between two SMs (hop_kernel): the round trip over two, by protocol, under the pair's own copies in
+  // flight and the other SMs'.
+  static_assert(kHopRounds <= kProbes, "the round times fit the prober's shared array");
+  unsigned* inbox;
+  unsigned long long* hop_out;
+  check(cudaMalloc(&inbox, 2 * 128), "inbox");
+  check(cudaMalloc(&hop_out, sizeof(unsigned long long) * (4 + kHopRounds)), "hop times");
+  std::printf("\n| protocol | pair's own in flight (KB) | other SMs' in flight (KB) | hop median / p90 ns | errors |\n"
+              "|---|---|---|---|---|\n");
+  const char* protocol_name[] = {"fence (main)", "acquire load", "data-flag"};
+  const int loads[][2] = {{0, 0}, {4, 0}, {4, 4}, {10, 0}, {10, 4}, {10, 10}};  // {others, pair} in chunks
+  for (const auto& l : loads)
+    for (int protocol = 0; protocol < 3; ++protocol) {
+      check(cudaMemset(inbox, 0, 2 * 128), "inbox fill");
+      check(cudaMemset(probers_done, 0, sizeof(unsigned)), "counter");
+      hop_kernel<<<sms, kThreads, smem>>>(src, region, first_chunk, l[0], l[1], protocol, inbox, probers_done, hop_out);
+      check(cudaGetLastError(), "launch");
+      check(cudaDeviceSynchronize(), "run");
+      first_chunk += 977;
+      std::vector<unsigned long long> h(4 + kHopRounds);
+      check(cudaMemcpy(h.data(), hop_out, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
+      const double ns_per_cycle = (double)h[0] / (double)h[1];
+      std::vector<double> hop;
+      for (int k = 0; k < kHopRounds; ++k) hop.push_back(h[4 + k] * ns_per_cycle / 2);
+      std::printf("| %s | %d | %d | %.0f / %.0f | %llu |\n", protocol_name[protocol], l[1] * kChunk / 1024,
+                  l[0] * kChunk / 1024, pct(hop, 0.5), pct(hop, 0.9), h[2]);
+    }
   return 0;
 }
