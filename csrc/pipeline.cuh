@@ -127,11 +127,11 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 //
 // At most `in_flight` of its stages are in flight (issued, not yet landed) at once (the step's
 // stages_in_flight, layout.stages_in_flight_for); the ring's other buffers hold landed stages the consumers
-// have not read yet. Why a cap: an SM's round trips to L2 (the signaller's fence, the consumers' activation
-// reads, barrier polls, route reads) answer behind the bytes in flight, which with the whole ring in flight on
-// every SM is ~21 MB, ~5 us of HBM time, while ~64 KB an SM keeps HBM near its copy bandwidth (the fence
-// probe: fence.acq_rel.gpu 2.2 us at 64 KB an SM, 8.4 us at 160 KB). A bandwidth-bound batch still wants the
-// whole ring.
+// have not read yet. Why a cap: a fence (the signaller's release, a dependency wait's acquire) waits for every
+// request its SM has in flight, these copies included, and they answer behind the whole GPU's bytes in flight
+// (L2 loads queue far less), which with the whole ring in flight on every SM is ~21 MB, ~5 us of HBM time,
+// while ~64 KB an SM keeps HBM near its copy bandwidth (the fence probe: fence.acq_rel.gpu 2.2 us at 64 KB an
+// SM, 8.4 us at 160 KB). A bandwidth-bound batch still wants the whole ring.
 struct StageProducer {
   PipelineStorage& p;
   uint32_t in_flight;  // 1 .. kStages
