@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Next session, kernel alone (no vLLM, no stash calls; carry variants/base.so, variants/acq.so, build/fence_probe
-# and .sanitizer/), built on the CPU machine from main by
-#   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base acq=benchmarks/candidates/acquire-load.patch
+# Next session, kernel alone (no vLLM, no stash calls; carry variants/base.so, variants/acq.so, variants/acqrf.so,
+# build/fence_probe and .sanitizer/), built on the CPU machine from main by
+#   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base acq=benchmarks/candidates/acquire-load.patch \
+#     acqrf=benchmarks/candidates/acquire-load-release-fence.patch
 #   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -o build/fence_probe \
 #     benchmarks/candidates/fence-probe/fence_probe.cu
 # PERF_LOG #139 / #140: (0) the fence probe with its hop set (one dependency hop between two SMs by protocol: main's
 # fences, the acquire load, a data-flag store with no fence; ~10 s); (1) `benchmarks.ab.interleaved` at 8K, one process per batch (1, 2, 8): main against
-# acq (dependency waits acquire with ld.acquire.gpu instead of a relaxed poll and a MEMBAR.ALL.GPU fence) with an
-# A/A control; (2) acq's traces at batch 1 and 8 (what should move: the checks that find their inputs done, 1-2 us
+# acq (dependency waits acquire with ld.acquire.gpu instead of a relaxed poll and a MEMBAR.ALL.GPU fence) and acqrf
+# (acq, and the signaller's fence.release.gpu in place of fence.acq_rel.gpu: no L1 invalidation, PERF_LOG #141) with
+# an A/A control; (2) acq's traces at batch 1 and 8 (what should move: the checks that find their inputs done, 1-2 us
 # on main, and the signal-to-run hops); (3) the kernel tests and compute-sanitizer (memcheck, racecheck,
 # synccheck) on acq, on the plain and the capped case (~160 s). `bash call-acquire-load.sh [SECONDS]` (570).
 set -u
@@ -23,7 +25,8 @@ for bl in 1:50 2:50 8:60; do  # batch:seconds (batch 16 took 64 s with 4 variant
   # cap's gain (PERF_LOG #136) may shrink
   extra=(); [ $b -le 2 ] && extra=(--variant acq5=variants/acq.so@stages_in_flight=5)
   timeout -k 5 $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
-    --rounds 6 --iters 20 --control --variant base=variants/base.so --variant acq=variants/acq.so "${extra[@]}" \
+    --rounds 6 --iters 20 --control --variant base=variants/base.so --variant acq=variants/acq.so \
+    --variant acqrf=variants/acqrf.so "${extra[@]}" \
     --out $res/b$b > $res/b$b.log 2>&1
   echo "b$b rc=$? ($(( $(date +%s) - start )) s)"; cat $res/b$b/table.md 2>/dev/null || tail -3 $res/b$b.log
 done
