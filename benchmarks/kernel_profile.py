@@ -165,6 +165,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     activity = layer_activity_of(dims, i_moe, i_dense, sched, rec, inp.seq_lens.tolist(), distinct_in)
     hops = trace.layer_hops(sched, rec, middle)
     tails = trace.signal_tails(sched, rec, middle)
+    checks = trace.input_checks(sched, rec, middle)
     task_trace = task_trace_of(sched, rec)
     # where the hardware put the blocks, and the routing's blocks on the timeline's first layer: batch 1's
     # speed differs between processes with the routing chain (PERF_LOG #93)
@@ -180,6 +181,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
                          "bins": [dataclasses.asdict(r) for r in activity]},
             "hops": [dataclasses.asdict(r) for r in hops],
             "tails": [dataclasses.asdict(r) for r in tails],
+            "checks": [dataclasses.asdict(r) for r in checks],
             "task_trace": task_trace}
 
 
@@ -236,9 +238,9 @@ def records_of(task_trace: dict):
 
 def reread(out: Path, config: dict) -> str:
     """The tables that are computed from every task's record, again, from a run's traces.pt and profile.json
-    (--save-traces), without a GPU: what the SMs do over a layer, the signal-to-run hops and the signal tails. The
-    schedule is rebuilt from the row's batch, schedule and the trace's SM count, and must have the trace's tasks in
-    the trace's order."""
+    (--save-traces), without a GPU: what the SMs do over a layer, the signal-to-run hops, the signal tails and the
+    checks that found their inputs done. The schedule is rebuilt from the row's batch, schedule and the trace's SM
+    count, and must have the trace's tasks in the trace's order."""
     import torch
 
     from vllm_megakernel import reference as ref
@@ -268,7 +270,8 @@ def reread(out: Path, config: dict) -> str:
         text += [f"### batch {r['batch']}, context {r['context']}, schedule {row_label(r)}", "",
                  trace.activity_markdown(bins, named, profile["bandwidth_bytes_per_s"]),
                  trace.hops_markdown(trace.layer_hops(sched, rec, layers), named),
-                 trace.tails_markdown(trace.signal_tails(sched, rec, layers), named)]
+                 trace.tails_markdown(trace.signal_tails(sched, rec, layers), named),
+                 trace.checks_markdown(trace.input_checks(sched, rec, layers), named)]
     return "\n".join(text)
 
 
@@ -406,6 +409,10 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
             from vllm_megakernel.megakernel.trace import Tail, tails_markdown
 
             lines += ["", tails_markdown([Tail(**x) for x in r["tails"]], r["timeline"]["layers"]).rstrip("\n")]
+        if "checks" in r:  # nor the checks that found their inputs done (session AC)
+            from vllm_megakernel.megakernel.trace import Check, checks_markdown
+
+            lines += ["", checks_markdown([Check(**x) for x in r["checks"]], r["timeline"]["layers"]).rstrip("\n")]
         if "routing_physical_sms" in r:  # nor the physical SMs (ABI 12)
             lines += ["", physical_sms_markdown(r["physical_sms"], r["routing_physical_sms"])]
     return "\n".join(lines) + "\n"

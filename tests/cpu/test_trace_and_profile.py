@@ -225,6 +225,59 @@ def test_signal_tails_group_each_tasks_signal_delay_by_the_wave_its_sm_ran_next(
     assert text.startswith("signal tails, per wave and the wave its SM ran next (layers 1-4;") and "| mlp_up |" in text
 
 
+def test_input_checks_time_the_waits_whose_inputs_were_all_signalled_long_before(dims):
+    """A check counts where every barrier the task waits on had its last signal at least the lead before the task's
+    wait began; its time is the wait's start to the run start, grouped by wave: the same groups, counts and medians as
+    a brute-force scan of synthetic waves (whose signals end 100 ns before the next wave's waits start: every
+    task with a waited barrier counts under a 50 ns lead, fewer under 200 ns, none under a second), and a longer
+    look shows in its group."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    wait_ns = {w: 300 + 40 * i for i, w in enumerate(waves)}
+    rec = synthetic_records(sched, {w: 900 for w in waves}, wait_ns)
+    layers = [i for i in range(dims.num_layers - 1) if not dims.dense[i]]
+    col = {n: rec[:, abi.TRACE_FIELDS.index(n)].tolist() for n in abi.TRACE_FIELDS}
+
+    def brute_force(lead):
+        last = {}
+        for t in sched.tasks:
+            if t.signal != abi.NO_BARRIER and col["end_ns"][t.index]:
+                last[t.signal] = max(last.get(t.signal, 0), col["end_ns"][t.index])
+        out = {}
+        for t in sched.tasks:
+            waits = [b for b in t.waits if b != abi.NO_BARRIER]
+            if t.layer not in layers or not waits or any(b not in last for b in waits):
+                continue
+            if max(last[b] for b in waits) <= col["wait_start_ns"][t.index] - lead:
+                out.setdefault(t.wave, []).append((col["run_start_ns"][t.index] - col["wait_start_ns"][t.index]) / 1e3)
+        return out
+
+    def check(lead):
+        rows = {r.wave: r for r in trace.input_checks(sched, rec, layers, lead_ns=lead)}
+        want = brute_force(lead)
+        assert set(rows) == set(want)
+        for w, v in want.items():
+            assert rows[w].checks == len(v) and rows[w].check_us == pytest.approx(statistics.median(v))
+        return rows
+
+    rows = check(50)
+    assert len(rows) > 3 and all(r.check_us == pytest.approx(wait_ns[w] / 1e3) for w, r in rows.items())
+    assert sum(r.checks for r in check(200).values()) < sum(r.checks for r in rows.values())
+    assert check(10**9) == {}
+    # the down tasks' waits made 2 us longer (their run starts later): only their group moves
+    run0 = abi.TRACE_FIELDS.index("run_start_ns")
+    for t in sched.tasks:
+        if t.wave == "mlp_down":
+            rec[t.index, run0] += 2000
+            col["run_start_ns"][t.index] += 2000
+    after = check(50)
+    assert after["mlp_down"].check_us == pytest.approx(wait_ns["mlp_down"] / 1e3 + 2)
+    assert all(after[w] == rows[w] for w in rows if w != "mlp_down")
+    text = trace.checks_markdown(trace.input_checks(sched, rec, layers, lead_ns=50), "layers 1-4", lead_ns=50)
+    assert text.startswith("dependency checks that found their inputs done (layers 1-4; every waited barrier's last "
+                           "signal at least 0.05 us before") and "| mlp_down |" in text
+
+
 def test_every_layer_table_is_the_same_on_globaltimer_sized_stamps(dims):
     """A real trace's stamps are globaltimer nanoseconds (~1.76e18 on the H200 of session X), not the synthetic
     records' 1e6: a table that compares them with a Python float (promoted to float32) or keeps them in float64
@@ -241,6 +294,7 @@ def test_every_layer_table_is_the_same_on_globaltimer_sized_stamps(dims):
     for table in (lambda r: trace.layer_activity(sched, r, layers, nb, bin_us=0.1),
                   lambda r: trace.layer_timeline(sched, r, layers), lambda r: trace.layer_ends(sched, r, layers),
                   lambda r: trace.layer_hops(sched, r, layers), lambda r: trace.signal_tails(sched, r, layers),
+                  lambda r: trace.input_checks(sched, r, layers, lead_ns=50),
                   lambda r: trace.summarize(sched, r)):
         plain = table(rec)
         assert table(shifted) == plain
@@ -665,6 +719,7 @@ def test_traced_launch_reports_times_from_the_time_fields_and_where_the_blocks_r
     assert all(b["running"] >= 0 and b["waiting"] >= 0 for b in bins)
     assert out["hops"] == [dataclasses.asdict(h) for h in trace.layer_hops(sched, rec, middle)] and out["hops"]
     assert out["tails"] == [dataclasses.asdict(x) for x in trace.signal_tails(sched, rec, middle)] and out["tails"]
+    assert out["checks"] == [dataclasses.asdict(x) for x in trace.input_checks(sched, rec, middle)]
 
 
 
@@ -698,6 +753,7 @@ def test_reread_gives_the_activity_table_of_the_run_from_its_saved_records(dims,
     assert trace.activity_markdown(bins, f"MoE layers {layers[0]}-{layers[-1]}", 1e12) in text
     assert trace.hops_markdown(trace.layer_hops(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert trace.tails_markdown(trace.signal_tails(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
+    assert trace.checks_markdown(trace.input_checks(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert max(b.consumed_gbs for b in bins) > 0
     (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12,
                                                        "results": [{**row, "batch": 2}]}))

@@ -403,6 +403,15 @@ def _sm_run_order(schedule: Schedule, ran: list[bool], sm: list[int], run0: list
     return list(on_sm.values())
 
 
+def _last_signals(schedule: Schedule, ran: list[bool], end: list[int]) -> dict[int, tuple[int, str]]:
+    """Each barrier's last signal: barrier -> (its last signaller's end stamp, that signaller's wave)."""
+    last: dict[int, tuple[int, str]] = {}
+    for t in schedule.tasks:
+        if ran[t.index] and t.signal != abi.NO_BARRIER and end[t.index] > last.get(t.signal, (0, ""))[0]:
+            last[t.signal] = (end[t.index], t.wave)
+    return last
+
+
 @dataclasses.dataclass
 class Hop:
     """One kind of dependency edge: the waves of the tasks that signalled a barrier and of the tasks that were
@@ -429,10 +438,7 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
     sm, end, done, run0 = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns"))
     ran = ran_tasks(schedule, rec).tolist()
     staged = _staged(f).tolist()  # a task that waits only if it has work and had none marked no stage phase
-    last: dict[int, tuple[int, str]] = {}  # barrier -> (its last signaller's end, that signaller's wave)
-    for t in schedule.tasks:
-        if ran[t.index] and t.signal != abi.NO_BARRIER and end[t.index] > last.get(t.signal, (0, ""))[0]:
-            last[t.signal] = (end[t.index], t.wave)
+    last = _last_signals(schedule, ran, end)
     # task -> when its SM's consumers finished the task before it (absent, so 0: the SM's first)
     ready = {b: done[a] for ix in _sm_run_order(schedule, ran, sm, run0) for a, b in zip(ix, ix[1:])}
     hops: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -452,6 +458,57 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
     rows = [Hop(s, w, len(v), _median(v), float(torch.tensor(v, dtype=torch.float64).quantile(0.9)))
             for (s, w), v in hops.items()]
     return sorted(rows, key=lambda r: (-r.waits, r.signaller, r.waiter))
+
+
+@dataclasses.dataclass
+class Check:
+    """A wave's dependency checks that found every input already signalled: from the consumer leader's wait start
+    to the task's run start, the cost of looking alone (the barriers' polls and the acquire; PERF_LOG #139)."""
+
+    wave: str
+    checks: int
+    check_us: float  # median
+    p90_us: float
+
+
+CHECK_LEAD_NS = 3000  # input_checks: an input signalled at least this long before the wait began was done
+
+
+def input_checks(schedule: Schedule, records: torch.Tensor, layers, lead_ns: int = CHECK_LEAD_NS) -> list[Check]:
+    """What a dependency wait costs when there is nothing to wait for, per wave, over the tasks of ``layers``
+    whose every waited barrier had its last signal at least ``lead_ns`` before the consumer leader's wait began:
+    the wait's start to the run start. A barrier the leader has seen complete before costs no round trip (it is
+    cached on the SM); one it has not costs a poll and the acquire, which on main is a fence that waits for the
+    SM's copies in flight. A task that waits only if it has work and had none is left out, and so is one with a
+    waited barrier that no task signalled. Most checks first."""
+    rec, f = record_fields(records)
+    by_layer, layers = _tasks_by_layer(schedule, rec, layers)
+    end, wait0, run0 = (f[n].tolist() for n in ("end_ns", "wait_start_ns", "run_start_ns"))
+    ran = ran_tasks(schedule, rec).tolist()
+    staged = _staged(f).tolist()
+    last = _last_signals(schedule, ran, end)
+    checks: dict[str, list[float]] = defaultdict(list)
+    for layer in layers:
+        for ix in by_layer[layer].values():
+            for i in ix:
+                t = schedule.tasks[i]
+                waits = [b for b in t.waits if b != abi.NO_BARRIER]
+                if not waits or (t.waits_only_if_work and not staged[i]) or any(b not in last for b in waits):
+                    continue
+                if max(last[b][0] for b in waits) <= wait0[i] - lead_ns:
+                    checks[t.wave].append((run0[i] - wait0[i]) / 1e3)
+    rows = [Check(w, len(v), _median(v), float(torch.tensor(v, dtype=torch.float64).quantile(0.9)))
+            for w, v in checks.items()]
+    return sorted(rows, key=lambda r: (-r.checks, r.wave))
+
+
+def checks_markdown(rows: list[Check], layers: str, lead_ns: int = CHECK_LEAD_NS) -> str:
+    lines = [f"dependency checks that found their inputs done ({layers}; every waited barrier's last signal at least "
+             f"{lead_ns / 1e3:g} us before the consumer leader's wait began; from that wait's start to the run start: "
+             "the polls and the acquire)", "", "| wave | checks | median us | p90 us |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.wave} | {r.checks} | {r.check_us:.2f} | {r.p90_us:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 @dataclasses.dataclass
