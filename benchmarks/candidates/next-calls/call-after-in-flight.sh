@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# After call-stages-in-flight.sh, only if it picked a variant whose kernel tests and sanitizer cases passed (carry
-# variants/PICK.so): schedule choices measured before the cap that were within the spread or lost by its per-task
-# costs, timed again on the picked kernel, against its own default schedule, one `benchmarks.ab.interleaved`
+# Written for after call-stages-in-flight.sh's pick; since session AC main itself has the cap (StepShape.stages_in_flight,
+# 2 at batch 1, 3 at 2), so PICK is `base` (carry variants/base.so, main) or a later kernel (e.g. acq, once landed):
+# schedule choices measured before the cap that were within the spread or lost by their per-task costs, timed again
+# on that kernel, against its own default schedule, one `benchmarks.ab.interleaved`
 # process per batch (1, 2, 4; batch 4 is issue #12's concurrency-4 TPOT). If the cap takes ~1 us off each task's
 # signal and inputs (PERF_LOG #134), smaller up/gate tiles (moe_up_cols=24: #108 measured +0.6%, its shorter tail
 # paid for by one more task an SM) and the live splits on SMs without QKV (split_order=live_first with 48 live tasks:
