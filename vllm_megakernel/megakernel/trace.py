@@ -207,6 +207,10 @@ def _median(values: list[float]) -> float:
     return float(torch.tensor(values, dtype=torch.float64).median())
 
 
+def _p90(values: list[float]) -> float:
+    return float(torch.tensor(values, dtype=torch.float64).quantile(0.9))
+
+
 def layer_ends(schedule: Schedule, records: torch.Tensor, layers) -> tuple[dict[str, float], list[SMEnds]]:
     """({"first", "half", "p90", "last", "next_layer"}: when the first SM, half of the SMs, 90% of them and
     the last one had finished their last task of the layer, and when the next layer's first task ran,
@@ -455,8 +459,7 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
                 at, wave = max(seen)
                 if at > ready.get(i, 0):  # the SM was free before the last signal: blocked on it
                     hops[(wave, t.wave)].append((run0[i] - at) / 1e3)
-    rows = [Hop(s, w, len(v), _median(v), float(torch.tensor(v, dtype=torch.float64).quantile(0.9)))
-            for (s, w), v in hops.items()]
+    rows = [Hop(s, w, len(v), _median(v), _p90(v)) for (s, w), v in hops.items()]
     return sorted(rows, key=lambda r: (-r.waits, r.signaller, r.waiter))
 
 
@@ -497,8 +500,7 @@ def input_checks(schedule: Schedule, records: torch.Tensor, layers, lead_ns: int
                     continue
                 if max(last[b][0] for b in waits) <= wait0[i] - lead_ns:
                     checks[t.wave].append((run0[i] - wait0[i]) / 1e3)
-    rows = [Check(w, len(v), _median(v), float(torch.tensor(v, dtype=torch.float64).quantile(0.9)))
-            for w, v in checks.items()]
+    rows = [Check(w, len(v), _median(v), _p90(v)) for w, v in checks.items()]
     return sorted(rows, key=lambda r: (-r.checks, r.wave))
 
 
@@ -540,8 +542,7 @@ def signal_tails(schedule: Schedule, records: torch.Tensor, layers) -> list[Tail
             for i in ix:
                 if i in following:
                     tails[(schedule.tasks[i].wave, schedule.tasks[following[i]].wave)].append((end[i] - done[i]) / 1e3)
-    rows = [Tail(w, n, len(v), _median(v), float(torch.tensor(v, dtype=torch.float64).quantile(0.9)))
-            for (w, n), v in tails.items()]
+    rows = [Tail(w, n, len(v), _median(v), _p90(v)) for (w, n), v in tails.items()]
     return sorted(rows, key=lambda r: (-r.tasks, r.wave, r.next_wave))
 
 

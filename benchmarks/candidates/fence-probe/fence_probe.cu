@@ -58,7 +58,28 @@ struct Shared {
   volatile int stop;
   volatile unsigned long long issued;
   unsigned lat[kProbes][kKinds];  // the prober's cycles
+
+  // Thread 0, before the block-wide barrier that precedes any use.
+  __device__ void init() {
+    for (int s = 0; s < kRing; ++s) ptx::mbarrier_init(&full[s], 1);
+    stop = 0;
+    issued = 0;
+  }
 };
+
+// 50 us: every SM's stream reaches steady state before anything is timed.
+__device__ void settle() {
+  const unsigned long long warm = global_ns();
+  while (global_ns() - warm < 50000) {
+  }
+}
+
+// A non-timing block's wait for the timing ones to be done (`*done` at least `n`), polling every ~2 us (little
+// traffic); bounded, so that blocks that are not all resident cannot hang the probe.
+__device__ void wait_done(const unsigned* done, unsigned n) {
+  for (const unsigned long long t = global_ns(); global_ns() - t < 100000000ull; __nanosleep(2000))
+    if (*(const volatile unsigned*)done >= n) break;
+}
 
 // The streamer (lane 0 of a block's warp 0): keeps `depth` bulk copies of kChunk bytes in flight, reading `base`'s
 // region from chunk `first_chunk` on, until S.stop; leaves no copy in flight.
@@ -95,11 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(128) uint8_t smem[];
   Shared& S = *reinterpret_cast<Shared*>(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kRing; ++s) ptx::mbarrier_init(&S.full[s], 1);
-    S.stop = 0;
-    S.issued = 0;
-  }
+  if (threadIdx.x == 0) S.init();
   __syncthreads();
   // blocks 0 .. probers - 1 probe and stream at prober_depth, the others stream at depth
   const int my_depth = (int)blockIdx.x < probers ? prober_depth : depth;
@@ -112,21 +129,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // going until every prober is done, and records the streamer's window
   if (lane != 0) return;
   if ((int)blockIdx.x >= probers) {
-    const unsigned long long warm = global_ns();
-    while (global_ns() - warm < 50000) {
-    }
+    settle();
     const unsigned long long t_start = global_ns(), issued0 = S.issued;
-    for (const unsigned long long t = global_ns(); global_ns() - t < 100000000ull; __nanosleep(2000))
-      if (*(volatile unsigned*)probers_done >= (unsigned)probers) break;  // a poll every ~2 us: little traffic
+    wait_done(probers_done, (unsigned)probers);
     window[blockIdx.x * 4 + 0] = global_ns() - t_start;
     window[blockIdx.x * 4 + 2] = S.issued - issued0;
     S.stop = 1;
     return;
   }
   unsigned* my_word = word + blockIdx.x * 32;  // its own 128-byte line
-  const unsigned long long warm = global_ns();
-  while (global_ns() - warm < 50000) {  // 50 us: every SM's stream reaches steady state
-  }
+  settle();
   const unsigned long long t_start = global_ns(), c_start = clock64(), issued0 = S.issued;
   // latencies kept in shared memory until the end: a store of the last one would sit in front of the next fence
   unsigned sink = 0;
@@ -184,11 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(128) uint8_t smem[];
   Shared& S = *reinterpret_cast<Shared*>(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kRing; ++s) ptx::mbarrier_init(&S.full[s], 1);
-    S.stop = 0;
-    S.issued = 0;
-  }
+  if (threadIdx.x == 0) S.init();
   __syncthreads();
   const bool pair = blockIdx.x < 2;
   const int my_depth = pair ? pair_depth : depth;
@@ -197,12 +205,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   if (lane != 0) return;
-  const unsigned long long warm = global_ns();
-  while (global_ns() - warm < 50000) {  // 50 us: every SM's stream reaches steady state
-  }
+  settle();
   if (!pair) {  // keep streaming until block 0 has its rounds
-    for (const unsigned long long t = global_ns(); global_ns() - t < 100000000ull; __nanosleep(2000))
-      if (*(volatile unsigned*)pair_done) break;
+    wait_done(pair_done, 1u);
     S.stop = 1;
     return;
   }
