@@ -39,8 +39,7 @@ timeout -k 5 $(( $(left) - 165 )) python3 -m pytest -q -rA -p no:cacheprovider -
   tests/gpu/test_megakernel_step.py > $res/kernel-tests-acq.txt 2>&1
 echo "kernel tests (acq) rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/kernel-tests-acq.txt
 grep -E "^FAILED" $res/kernel-tests-acq.txt | head -8
-w=$(ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl); d=/tmp/cs-13.5.25; rm -rf $d; python3 -m zipfile -e $w $d
-chmod -R u+x $d/nvidia/cu13; cs=$d/nvidia/cu13/bin/compute-sanitizer
+cs=$(bash benchmarks/candidates/next-calls/sanitizer-from-wheel.sh)
 COMPUTE_SANITIZER=$cs timeout -k 5 $(( $(left) - 8 )) python3 -m pytest -v -rA -p no:cacheprovider --durations=4 \
   tests/gpu/test_sanitizer.py -k "4500-7-pad and not local" > $res/sanitizer-acq.txt 2>&1
 echo "sanitizer (acq) rc=$? ($(( $(date +%s) - start )) s)"; tail -1 $res/sanitizer-acq.txt
