@@ -30,29 +30,27 @@ __device__ __forceinline__ bool aborted(const int* error) {
 // barrier protocol; fence.sc, what __threadfence() emits, is stronger than the protocol needs).
 __device__ __forceinline__ void release_fence() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-// Called by ONE thread. Returns false when the step was aborted (by this wait or another SM's). Polls with
-// relaxed loads and acquires once the count is reached (an acquire load invalidates the SM's L1, so it
-// is not repeated on every poll).
+// Called by ONE thread. Returns false when the step was aborted (by this wait or another SM's). Every poll is
+// an acquire load (ld.acquire.gpu: the load, then an L1 invalidation), and the one that sees the count
+// synchronizes with every signaller: the count is the last write of a release sequence of relaxed reductions,
+// each after its signaller's release fence. No fence here: an acquire fence after a relaxed poll compiles to
+// MEMBAR.ALL.GPU, which waits for every request this SM has in flight, the producer's bulk copies of the task's
+// own weights included (fence probe, PERF_LOG #139: 2-8 us with a full ring), so a check whose inputs were
+// long done cost 1-2 us. Polling with acquire loads was 4.9 / 3.6 / 2.4% faster at batch 1 / 2 / 8 (#143).
 __device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* error, long long timeout_ns,
                                     const int* desc) {
   if (barrier == abi::kNoBarrier) return true;
   cuda::atomic_ref<int, cuda::thread_scope_device> ctr(barriers[barrier]);
-  int seen = ctr.load(cuda::memory_order_relaxed);
-  if (seen >= count) {
-    cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
-    return true;
-  }
+  int seen = ctr.load(cuda::memory_order_acquire);
+  if (seen >= count) return true;
   const unsigned long long start = global_timer_ns();
   // Each poll is one round trip to L2 for the counter. The error word (another SM's abort) and the clock
   // (this wait's own timeout) are read on every 16th poll only: read on every poll, the error word was a
   // second round trip in series with the counter's, which every wait on a layer's critical path paid.
   for (unsigned polls = 1;; ++polls) {
     __nanosleep(20);
-    seen = ctr.load(cuda::memory_order_relaxed);
-    if (seen >= count) {
-      cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
-      return true;
-    }
+    seen = ctr.load(cuda::memory_order_acquire);
+    if (seen >= count) return true;
     if (polls % 16) continue;
     if (aborted(error)) return false;
     if ((long long)(global_timer_ns() - start) > timeout_ns) {

@@ -298,6 +298,9 @@ int main() {
   check(cudaMalloc(&probers_done, sizeof(unsigned)), "counter");
   const size_t smem = sizeof(Shared);
   check(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "smem");
+  // Both kernels take the same dynamic shared memory, above the 48 KB default: each needs the attribute (session
+  // AD's first hop launch failed with "invalid argument" without it).
+  check(cudaFuncSetAttribute(hop_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "smem");
   std::printf("%d SMs; probes: fence = fence.acq_rel.gpu, load = ld.relaxed.gpu (L2), store+fence = st.relaxed.gpu "
               "then fence.acq_rel.gpu; ns from clock64 at the SM clock measured in the same window\n\n", sms);
   std::printf("| streaming SMs | in flight an SM (KB) | GB/s (all streaming SMs) | fence median / p90 ns | "
