@@ -98,6 +98,21 @@ def run_side(side: str, args, tasks_dir: Path, env: dict) -> None:
     raw.unlink()
 
 
+def greedy_files(out: Path) -> dict[str, dict]:
+    """Each side's greedy result in out: greedy-SIDE.json, or inside greedy.tar.xz where a committed folder packs
+    them (they are ~0.6 MB each, and the tree travels to the GPU host with every device call)."""
+    found = {side: json.loads((out / f"greedy-{side}.json").read_text())
+             for side in SIDE_CONFIG if (out / f"greedy-{side}.json").exists()}
+    if not found and (out / "greedy.tar.xz").exists():
+        import tarfile
+
+        with tarfile.open(out / "greedy.tar.xz") as tar:
+            names = set(tar.getnames())
+            found = {side: json.load(tar.extractfile(f"greedy-{side}.json"))
+                     for side in SIDE_CONFIG if f"greedy-{side}.json" in names}
+    return found
+
+
 def summary_of(out: Path) -> dict:
     """lm-eval scores of every side found in out, and the greedy agreement once both sides are there."""
     summary: dict = {"lm_eval": {}, "greedy": None}
@@ -110,8 +125,7 @@ def summary_of(out: Path) -> dict:
                                                                 generations(out / "lm_eval-megakernel"))
         except FileNotFoundError as e:  # lm-eval only warns when it cannot save samples; keep the rest
             summary["nmc_gen_agreement"] = {"error": str(e)}
-    greedy = {side: json.loads((out / f"greedy-{side}.json").read_text())
-              for side in SIDE_CONFIG if (out / f"greedy-{side}.json").exists()}
+    greedy = greedy_files(out)
     check_same_settings({side: g.get("settings") for side, g in greedy.items()}, f"the greedy runs in {out}")
     if len(greedy) == 2:
         summary["greedy"] = summarize(greedy["stock"], greedy["megakernel"])
