@@ -83,9 +83,13 @@ def _recording_cache(gate=None, fail=()):
 
     calls = []
 
-    class Built:
+    class Built:  # what ScheduleCache keeps of a schedule (schedule.EncodedSchedule) reads these
         def __init__(self, batch):
             self.batch = batch
+            self.dims = self.tiles = None
+            self.shape = ("shape", batch)
+            self.num_slots = self.combine_heads = self.num_tasks = self.num_barriers = batch
+            self.sm_task_counts = (batch,)
 
         def encode(self):
             return ("encoded", self.batch)
@@ -111,7 +115,7 @@ def test_capture_sizes_are_built_once_on_a_background_thread_largest_first():
             thread.join(10)
     for b in (64, 8, 1):
         sched, encoded = cache.get(b)
-        assert sched.batch == b and encoded == ("encoded", b)
+        assert sched.shape == ("shape", b) and encoded == ("encoded", b)
     assert cache.get(64)[0] is cache.get(64)[0]  # kept: vLLM's rebuild after its profiling capture reuses it
     assert calls == [(64, "vllm_megakernel-schedules"), (8, "vllm_megakernel-schedules"),
                      (1, "vllm_megakernel-schedules")]
@@ -132,9 +136,9 @@ def test_a_size_the_thread_has_not_reached_is_built_by_its_caller_and_a_failed_b
             break
         threading.Event().wait(0.001)
     sched, _ = cache.get(16)  # queued behind 64: built here rather than after it
-    assert sched.batch == 16 and calls[-1] == (16, threading.current_thread().name)
+    assert sched.shape == ("shape", 16) and calls[-1] == (16, threading.current_thread().name)
     gate.set()
-    assert cache.get(64)[0].batch == 64
+    assert cache.get(64)[0].shape == ("shape", 64)
     with pytest.raises(ValueError, match="no schedule for batch 2"):
         cache.get(2)
     assert sorted(b for b, _ in calls) == [2, 16, 64]  # every size built once
@@ -230,13 +234,14 @@ def test_every_step_the_decoder_builds_shares_its_one_stall_record(tiny_checkpoi
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
-    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, ScheduleCache
+    from vllm_megakernel.megakernel.vllm_decoder import MegakernelDecoder, ScheduleCache, new_stats
     from vllm_megakernel.paged_kv import PagedKVSim
 
     dims = ref.ModelDims.from_config(TINY_CONFIG)
     w = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.bfloat16)
     dec = object.__new__(MegakernelDecoder)  # the decoder's state without a GPU or a vLLM model
     dec.weights, dec.timeout_s, dec.routing_recorded, dec.uniform_routing = w, 1.0, False, False
+    dec.stats = new_stats()
     dec.schedules = ScheduleCache(lambda b: build_schedule(dims, StepShape(batch=b, num_sms=4), *w.intermediates()))
     dec.workspace = runtime.allocate_workspace(dims, [(b, StepShape(batch=b, num_sms=4).attn_splits) for b in (2, 3)],
                                                *w.intermediates(), device="cpu", dtype=torch.bfloat16)
@@ -249,6 +254,7 @@ def test_every_step_the_decoder_builds_shares_its_one_stall_record(tiny_checkpoi
         inp.input_ids, inp.seq_lens = inp.input_ids.to(torch.int32), inp.seq_lens.to(torch.int32)  # vLLM's dtypes
         steps.append(dec._build(len(rows), inp))
     assert [s.schedule.shape.batch for s in steps] == [2, 3] and all(s.error is dec.error for s in steps)
+    assert dec.stats["schedule_ms"] > 0  # both schedules were built by these calls (no background thread here)
 
 
 def test_building_a_task_list_makes_no_cuda_call(monkeypatch):
@@ -358,7 +364,8 @@ def test_any_task_the_gpu_stall_tests_victim_holds_up_is_reported_as_batch_8s_am
 
 def test_a_rebuild_of_a_sizes_tables_after_its_buffers_moved_is_counted_and_logged_once_per_cause(caplog, monkeypatch):
     """A changed buffer key rebuilds the size's tables on the serving thread: that costs the step its host time,
-    so it is counted (stats, read by step_profile) and logged with what moved, once per size and cause."""
+    so it is counted (stats, read by step_profile) and logged with what moved, once per size and cause; a size's
+    first build is logged once."""
     import logging
 
     import pytest
@@ -395,8 +402,54 @@ def test_a_rebuild_of_a_sizes_tables_after_its_buffers_moved_is_counted_and_logg
     assert dec.stats["build_ms"] == pytest.approx(4 * 5.0) and dec.stats["rebuild_ms"] == pytest.approx(3 * 5.0)
     lines = [r.getMessage() for r in caplog.records if "rebuilt" in r.getMessage()]
     assert len(lines) == 1 and "batch-1 step" in lines[0] and "layer 0's KV cache moved" in lines[0], lines
+    # the size's first build is logged too (start-up diagnosis), with the part of it spent on the schedule
+    first_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("vllm_megakernel: built")]
+    assert first_lines == ["vllm_megakernel: built the batch-1 step in 5.0 ms (0.0 ms of it getting its task list)"]
     assert key_change(first, first) == "nothing differs"
     assert key_change(first, first[:2]) == "the number of buffers changed"
     assert "layout changed at seq_lens" in key_change(first, first[:2] + (("seq_lens", (1, None)),))
     both = (("input_ids", (101, torch.int32)), moved[2])
     assert key_change(first, first[:1] + both) == "vLLM's input_ids moved or changed shape (and 1 more of its buffers)"
+
+
+def test_the_cache_keeps_a_schedule_without_its_tasks_and_rebuilds_them_identical_on_demand():
+    """ScheduleCache keeps what a step needs of a schedule (schedule.EncodedSchedule), not its Task objects (the
+    full model's cost ~1.6 GB and every garbage collection a walk over ~3M objects at vLLM's 11 capture sizes);
+    a stall report or a trace that asks for the tasks gets them rebuilt, encoding to the same tables, once; a
+    rebuild that comes out different is refused."""
+    import gc
+
+    import pytest
+    import torch
+
+    from vllm_megakernel import reference as ref
+    from vllm_megakernel.megakernel.schedule import EncodedSchedule, StepShape, Task, build_schedule
+    from vllm_megakernel.megakernel.vllm_decoder import ScheduleCache
+
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    builds = []
+
+    def build(b):
+        builds.append(b)
+        return build_schedule(dims, StepShape(batch=b, num_sms=4), 32, 64)
+
+    def live_tasks():
+        return sum(type(o) is Task for o in gc.get_objects())
+
+    before = live_tasks()
+    sched, encoded = ScheduleCache(build).get(3)
+    assert isinstance(sched, EncodedSchedule) and builds == [3]
+    assert live_tasks() == before  # the task list went with the build
+    full = build(3)
+    assert (sched.shape, sched.num_tasks, sched.num_barriers, sched.sm_task_counts, sched.num_slots) == \
+        (full.shape, len(full.tasks), len(full.barriers), tuple(map(len, full.sm_tasks)), full.num_slots)
+    del full
+    builds.clear()
+    tasks = sched.tasks  # a stall report's lookup
+    assert builds == [3] and len(tasks) == sched.num_tasks and sched.barrier_name(0) == sched.barriers[0].name
+    assert torch.equal(sched.encode(), encoded) and builds == [3]  # rebuilt once, to the same tables
+
+    other = EncodedSchedule(build_schedule(dims, StepShape(batch=3, num_sms=4), 32, 64),
+                            lambda: build_schedule(dims, StepShape(batch=2, num_sms=4), 32, 64))
+    with pytest.raises(RuntimeError, match="batch-3 schedule rebuilt differs"):
+        other.tasks

@@ -292,15 +292,16 @@ def local_routing_for(batch: int) -> bool:
 
 def stages_in_flight_for(batch: int) -> int:
     """How many of the producer's ring buffers may be in flight at once (schedule.StepShape's
-    ``stages_in_flight``; STAGES: the whole ring, no cap). A fence (the signaller's, and the dependency wait's
-    acquire) waits for every request its SM has in flight, the producer's copies included, and under a saturated
+    ``stages_in_flight``; STAGES: the whole ring, no cap). A fence (the signaller's; before session AD also the
+    dependency wait's acquire) waits for every request its SM has in flight, the producer's copies included, and under a saturated
     HBM those answer behind the whole GPU's (L2 loads queue far less): the fence probe measured fence.acq_rel.gpu
     at 0.14 us idle, 1.0 us with 32 KB in flight on every SM, 2.2 us at 64 KB and 8.4 us at 160 KB (the whole
     ring), while HBM moved 4.14 / 4.62 / 4.68 TB/s. A latency-bound batch gains from a shallow cap; a
     bandwidth-bound one needs the depth. Measured, the kernel alone at 8K, one process a batch, outputs
     bit-equal (benchmarks/results/h200-2026-12-04-v2-session-ac): the whole ring against this choice +1.8% at
     batch 1 and +0.5% at 2 (call 2); from batch 3 to 16 no shallower cap was faster (calls 2 and 5; a cap of 3
-    cost 1.1% at batch 3 and 2.5% at 16)."""
+    cost 1.1% at batch 3 and 2.5% at 16). With the waits' acquire loads (session AD, call 1) the whole ring still
+    cost 2.3% at batch 1 and 0.5% at 2 against this choice."""
     return 2 if batch == 1 else 3 if batch == 2 else STAGES
 
 

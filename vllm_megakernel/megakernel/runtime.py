@@ -17,7 +17,7 @@ import struct
 import torch
 
 from vllm_megakernel.megakernel import abi, layout
-from vllm_megakernel.megakernel.schedule import Schedule
+from vllm_megakernel.megakernel.schedule import EncodedSchedule, Schedule
 from vllm_megakernel.reference import DecodeInputs, Weights
 
 
@@ -35,7 +35,7 @@ def _addr(t: torch.Tensor | None) -> int:
 
 @dataclasses.dataclass
 class DeviceStep:
-    schedule: Schedule
+    schedule: Schedule | EncodedSchedule
     step_table: torch.Tensor
     layer_table: torch.Tensor
     tasks: torch.Tensor
@@ -116,7 +116,7 @@ def check_kv_cache(cache: torch.Tensor, layer: int) -> None:
         raise ValueError(f"block size {bs} neither divides nor is a multiple of {layout.ATTN_TILE}")
 
 
-def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
+def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: DecodeInputs, timeout_s: float = 5.0,
                route_log: bool = False, workspace: dict[str, torch.Tensor] | None = None,
                trace: bool = False, uniform_routing: bool = False,
                encoded: torch.Tensor | None = None, error: torch.Tensor | None = None) -> DeviceStep:
@@ -136,7 +136,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     B, S = shape.batch, shape.attn_splits
     if encoded is None:
         encoded = schedule.encode()
-    elif encoded.shape[0] != len(schedule.sm_tasks) or encoded.shape[1] <= max(map(len, schedule.sm_tasks)):
+    elif encoded.shape[0] != len(schedule.sm_task_counts) or encoded.shape[1] <= max(schedule.sm_task_counts):
         raise ValueError(f"encoded task lists {tuple(encoded.shape)} are not this schedule's")
     dev, dt = weights.embed.device, weights.embed.dtype
     if error is None:
@@ -179,7 +179,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
     step.setdefault("route_log", 0)
     trace_buf = None
     if trace:  # every launch of this step zeroes it and writes one record per task that ran (megakernel.trace)
-        trace_buf = torch.zeros(len(schedule.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64, device=dev)
+        trace_buf = torch.zeros(schedule.num_tasks, len(abi.TRACE_FIELDS), dtype=torch.int64, device=dev)
     step["trace"] = _addr(trace_buf) if trace_buf is not None else 0
     step_table = torch.tensor([step[f] for f in abi.STEP_FIELDS], dtype=torch.int64, device=dev)
 
@@ -208,7 +208,7 @@ def build_step(schedule: Schedule, weights: Weights, inputs: DecodeInputs, timeo
 
     return DeviceStep(
         schedule=schedule, step_table=step_table, layer_table=layer_table,
-        tasks=encoded.to(dev), barriers=torch.zeros(len(schedule.barriers), dtype=torch.int32, device=dev),
+        tasks=encoded.to(dev), barriers=torch.zeros(schedule.num_barriers, dtype=torch.int32, device=dev),
         error=error, workspace=ws, intermediates=(moe_i, dense_i), keepalive=keep,
         unsupported=layout.model_mismatches(dims, moe_i, dense_i), trace=trace_buf,
     )

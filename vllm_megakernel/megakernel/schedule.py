@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -352,6 +353,63 @@ class Schedule:
 
     def barrier_name(self, barrier: int) -> str:
         return self.barriers[barrier].name if 0 <= barrier < len(self.barriers) else f"barrier {barrier}"
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def num_barriers(self) -> int:
+        return len(self.barriers)
+
+    @property
+    def sm_task_counts(self) -> tuple[int, ...]:
+        return tuple(len(lst) for lst in self.sm_tasks)
+
+
+class EncodedSchedule:
+    """What a step's tables need of a built schedule (its shape, the counts the tables are sized by) once
+    the schedule is encoded, with its task list dropped: the full model's Task objects cost ~1.6 GB of host
+    memory and ~3M objects for every full garbage collection to walk over vLLM's 11 FULL capture sizes (session
+    AD, CPU machine: 0.95 s a collection against 0.07 s without them; vLLM collects several times at start-up).
+    ``tasks``, ``barriers``, ``sm_tasks`` and ``barrier_name`` rebuild the schedule with ``rebuild`` on first use
+    (a stall report, a trace): the builder is deterministic, and the rebuilt schedule must have the counts of
+    the one encoded."""
+
+    def __init__(self, sched: Schedule, rebuild: Callable[[], Schedule]):
+        self.dims, self.shape, self.tiles = sched.dims, sched.shape, sched.tiles
+        self.num_slots, self.combine_heads = sched.num_slots, sched.combine_heads
+        self.num_tasks, self.num_barriers, self.sm_task_counts = sched.num_tasks, sched.num_barriers, \
+            sched.sm_task_counts
+        self._rebuild = rebuild
+        self._full: Schedule | None = None
+
+    def full(self) -> Schedule:
+        if self._full is None:
+            full = self._rebuild()
+            if (full.shape, full.num_tasks, full.num_barriers, full.sm_task_counts) != \
+                    (self.shape, self.num_tasks, self.num_barriers, self.sm_task_counts):
+                raise RuntimeError(f"the batch-{self.shape.batch} schedule rebuilt differs from the one encoded")
+            self._full = full
+        return self._full
+
+    @property
+    def tasks(self) -> list[Task]:
+        return self.full().tasks
+
+    @property
+    def barriers(self) -> list[Barrier]:
+        return self.full().barriers
+
+    @property
+    def sm_tasks(self) -> list[list[int]]:
+        return self.full().sm_tasks
+
+    def barrier_name(self, barrier: int) -> str:
+        return self.full().barrier_name(barrier)
+
+    def encode(self) -> torch.Tensor:
+        return self.full().encode()
 
 
 class _Builder:

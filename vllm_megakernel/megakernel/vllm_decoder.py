@@ -23,7 +23,7 @@ import torch
 
 from vllm_megakernel.megakernel import abi, layout, runtime
 from vllm_megakernel.megakernel.abi import NO_BARRIER
-from vllm_megakernel.megakernel.schedule import Schedule, StepShape, build_schedule
+from vllm_megakernel.megakernel.schedule import EncodedSchedule, Schedule, StepShape, build_schedule
 from vllm_megakernel.reference import DecodeInputs, KVGroup, ModelDims, Weights
 
 # The largest padded batch the megakernel serves; bigger decode batches take vLLM's stock path.
@@ -73,7 +73,9 @@ def _rows(t) -> int:
 
 class ScheduleCache:
     """Each batch size's schedule and its encoding (schedule.encode(), on the host), built once and kept: vLLM
-    builds a step per capture size twice at start-up (against its profiling KV cache, then the real one).
+    builds a step per capture size twice at start-up (against its profiling KV cache, then the real one). What
+    is kept of a schedule is an :class:`EncodedSchedule` (its shape and counts; the task list is rebuilt only
+    if a stall report or a trace asks for it).
 
     :meth:`prebuild` builds the sizes known ahead (the FULL decode graphs' capture sizes) on one background
     thread from the model's construction on, largest first as vLLM captures them, so that the pure-Python
@@ -85,12 +87,12 @@ class ScheduleCache:
 
     def __init__(self, build: Callable[[int], Schedule]):
         self._build = build
-        self._built: dict[int, tuple[Schedule, torch.Tensor]] = {}
+        self._built: dict[int, tuple[EncodedSchedule, torch.Tensor]] = {}
         self._pending: dict[int, Future] = {}
 
-    def _make(self, batch: int) -> tuple[Schedule, torch.Tensor]:
+    def _make(self, batch: int) -> tuple[EncodedSchedule, torch.Tensor]:
         sched = self._build(batch)
-        return sched, sched.encode()
+        return EncodedSchedule(sched, lambda: self._build(batch)), sched.encode()
 
     def prebuild(self, batches: Iterable[int]) -> None:
         todo = sorted({b for b in batches if b not in self._built and b not in self._pending}, reverse=True)
@@ -98,17 +100,22 @@ class ScheduleCache:
         self._pending.update(futures)
 
         def run() -> None:
+            t0, done = time.perf_counter(), []
             for b, fut in futures.items():
                 if fut.set_running_or_notify_cancel():
                     try:
                         fut.set_result(self._make(b))
+                        done.append(b)
                     except BaseException as e:  # raised to whoever asks for this size
                         fut.set_exception(e)
+            # start-up diagnosis: when the thread's work ended, against the server log's other stages
+            logger.info("vllm_megakernel: built the task lists of batch sizes %s on a background thread in %.1f s",
+                        done, time.perf_counter() - t0)
 
         if todo:
             threading.Thread(target=run, name="vllm_megakernel-schedules", daemon=True).start()
 
-    def get(self, batch: int) -> tuple[Schedule, torch.Tensor]:
+    def get(self, batch: int) -> tuple[EncodedSchedule, torch.Tensor]:
         if batch not in self._built:
             fut = self._pending.pop(batch, None)
             # a size the thread has not started is built here (the thread then skips it), not after the
@@ -130,8 +137,8 @@ def prebuilt_batches(compilation_config, scheduler_config, max_batch: int) -> li
 
 def new_stats() -> dict:
     """MegakernelDecoder.stats, all counts at zero."""
-    return {"python_launches": 0, "builds": 0, "build_ms": 0.0, "rebuilds": 0, "rebuild_ms": 0.0, "poison_calls": 0,
-            "poison_ms": 0.0}
+    return {"python_launches": 0, "builds": 0, "build_ms": 0.0, "schedule_ms": 0.0, "rebuilds": 0, "rebuild_ms": 0.0,
+            "poison_calls": 0, "poison_ms": 0.0}
 
 
 @dataclasses.dataclass
@@ -177,8 +184,9 @@ class MegakernelDecoder:
         self._error_flag_host = torch.zeros(1, dtype=torch.int32, device="cpu", pin_memory=torch.cuda.is_available())
         self.routing_recorded = False
         # What the serving path cost in Python (read by benchmarks.step_profile; a rebuild is logged): launches
-        # that ran Python (eager, or a capture), task-table builds, and those that replaced a size's tables
-        # because vLLM's buffers moved, with their time; the stall check's calls and host time.
+        # that ran Python (eager, or a capture), task-table builds (and the part of their time spent getting the
+        # size's schedule from the ScheduleCache), and those that replaced a size's tables because vLLM's buffers
+        # moved, with their time; the stall check's calls and host time.
         self.stats = new_stats()
         self._rebuilds_logged: set[tuple[int, str]] = set()
         self.schedules.prebuild(b for b in prebuild if b <= max_batch)
@@ -240,13 +248,16 @@ class MegakernelDecoder:
                 )
             if entry is not None and entry.captured:
                 self.retired.append(entry.step)
-            t0 = time.perf_counter()
+            t0, schedule_ms = time.perf_counter(), self.stats["schedule_ms"]
             new = _Entry(key, build())
             ms = 1000 * (time.perf_counter() - t0)
             self.stats["builds"] += 1
             self.stats["build_ms"] += ms
             if entry is not None:
                 self._note_rebuild(batch, entry.key, key, ms)
+            else:  # start-up diagnosis: a size's first step, and how much of it waited for its task list
+                logger.info("vllm_megakernel: built the batch-%d step in %.1f ms (%.1f ms of it getting its task "
+                            "list)", batch, ms, self.stats["schedule_ms"] - schedule_ms)
             entry = new
             self.entries[batch] = entry
         entry.captured |= capturing
@@ -296,7 +307,9 @@ class MegakernelDecoder:
     def _build(self, batch: int, inputs: DecodeInputs) -> runtime.DeviceStep:
         if self.weights is None:  # after load_weights / process_weights_after_loading: read them in place
             self.weights = Weights.from_vllm_model(self.model)
-        sched, encoded = self.schedules.get(batch)
+        t0 = time.perf_counter()
+        sched, encoded = self.schedules.get(batch)  # waits for the background thread, or builds it here
+        self.stats["schedule_ms"] += 1000 * (time.perf_counter() - t0)
         step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, encoded=encoded,
                                   route_log=self.routing_recorded, workspace=self.workspace,
                                   uniform_routing=self.uniform_routing, error=self.error)
