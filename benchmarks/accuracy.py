@@ -103,13 +103,19 @@ def greedy_files(out: Path) -> dict[str, dict]:
     them (they are ~0.6 MB each, and the tree travels to the GPU host with every device call)."""
     found = {side: json.loads((out / f"greedy-{side}.json").read_text())
              for side in SIDE_CONFIG if (out / f"greedy-{side}.json").exists()}
-    if not found and (out / "greedy.tar.xz").exists():
+    packed = out / "greedy.tar.xz"
+    if packed.exists():
         import tarfile
 
-        with tarfile.open(out / "greedy.tar.xz") as tar:
-            names = set(tar.getnames())
-            found = {side: json.load(tar.extractfile(f"greedy-{side}.json"))
-                     for side in SIDE_CONFIG if f"greedy-{side}.json" in names}
+        with tarfile.open(packed) as tar:
+            members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}  # "./greedy-x.json" too
+            in_tar = {side: members[f"greedy-{side}.json"] for side in SIDE_CONFIG if f"greedy-{side}.json" in members}
+            if not in_tar:
+                raise ValueError(f"{packed} holds no greedy-SIDE.json")
+            for side, m in in_tar.items():
+                if side in found:
+                    raise ValueError(f"{out} has greedy-{side}.json both loose and in {packed.name}")
+                found[side] = json.load(tar.extractfile(m))
     return found
 
 

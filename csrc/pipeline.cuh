@@ -127,8 +127,8 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 //
 // At most `in_flight` of its stages are in flight (issued, not yet landed) at once (the step's
 // stages_in_flight, layout.stages_in_flight_for); the ring's other buffers hold landed stages the consumers
-// have not read yet. Why a cap: a fence (the signaller's release, a dependency wait's acquire) waits for every
-// request its SM has in flight, these copies included, and they answer behind the whole GPU's bytes in flight
+// have not read yet. Why a cap: a fence (the signaller's release; a dependency wait acquires with a load, no
+// fence, since session AD) waits for every request its SM has in flight, these copies included, and they answer behind the whole GPU's bytes in flight
 // (L2 loads queue far less), which with the whole ring in flight on every SM is ~21 MB, ~5 us of HBM time,
 // while ~64 KB an SM keeps HBM near its copy bandwidth (the fence probe: fence.acq_rel.gpu 2.2 us at 64 KB an
 // SM, 8.4 us at 160 KB). A bandwidth-bound batch still wants the whole ring.

@@ -1162,3 +1162,31 @@ def test_a_serve_side_refuses_a_port_held_by_a_listener_that_does_not_answer(tmp
             with serve_load.served([sys.executable, "-c", "pass"], port, tmp_path / "server.log", startup_timeout=5):
                 pass
     assert not serve_load.port_taken(port)
+
+
+def test_greedy_files_are_read_loose_or_from_a_packed_tar_and_a_tar_without_them_is_an_error(tmp_path):
+    """benchmarks.accuracy reads each side's greedy result from greedy-SIDE.json or from greedy.tar.xz (committed
+    folders pack them); member names with a leading ./ count, and a tar with none, or a side both loose and packed,
+    is an error rather than a summary without greedy agreement."""
+    import tarfile
+
+    from benchmarks.accuracy import greedy_files
+
+    stock, mk = {"tokens": [[1]]}, {"tokens": [[2]]}
+    (tmp_path / "greedy-stock.json").write_text(json.dumps(stock))
+    assert greedy_files(tmp_path) == {"stock": stock}
+    packed = tmp_path / "p"
+    packed.mkdir()
+    (packed / "greedy-megakernel.json").write_text(json.dumps(mk))
+    (packed / "greedy-stock.json").write_text(json.dumps(stock))
+    with tarfile.open(tmp_path / "greedy.tar.xz", "w:xz") as tar:
+        tar.add(packed / "greedy-megakernel.json", arcname="./greedy-megakernel.json")
+    assert greedy_files(tmp_path) == {"stock": stock, "megakernel": mk}  # one loose, one packed
+    with tarfile.open(tmp_path / "greedy.tar.xz", "w:xz") as tar:
+        tar.add(packed / "greedy-stock.json", arcname="greedy-stock.json")
+    with pytest.raises(ValueError, match="both loose and in greedy.tar.xz"):
+        greedy_files(tmp_path)
+    with tarfile.open(tmp_path / "greedy.tar.xz", "w:xz") as tar:
+        tar.add(packed / "greedy-stock.json", arcname="other.json")
+    with pytest.raises(ValueError, match="holds no greedy-SIDE.json"):
+        greedy_files(tmp_path)

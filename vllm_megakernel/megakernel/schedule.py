@@ -369,15 +369,16 @@ class Schedule:
 
 class EncodedSchedule:
     """What a step's tables need of a built schedule (its shape, the counts the tables are sized by) once
-    the schedule is encoded, with its task list dropped: the full model's Task objects cost ~1.6 GB of host
-    memory and ~3M objects for every full garbage collection to walk over vLLM's 11 FULL capture sizes (session
-    AD, CPU machine: 0.95 s a collection against 0.07 s without them; vLLM collects several times at start-up).
+    the schedule is encoded, with its task list dropped: over vLLM's 11 FULL capture sizes the full model's Task
+    objects cost ~1.8 GB of host memory and ~3M objects for every full garbage collection to walk (session AD, CPU
+    machine: 0.95 s a collection against 0.05 s without them; vLLM collects several times at start-up).
     ``tasks``, ``barriers``, ``sm_tasks`` and ``barrier_name`` rebuild the schedule with ``rebuild`` on first use
-    (a stall report, a trace): the builder is deterministic, and the rebuilt schedule must have the counts of
-    the one encoded."""
+    (a stall report, a trace): the builder is deterministic, and the rebuilt schedule must encode to ``encoded``,
+    the tables the kernel ran (a stall report names tasks by their place in them)."""
 
-    def __init__(self, sched: Schedule, rebuild: Callable[[], Schedule]):
+    def __init__(self, sched: Schedule, encoded: torch.Tensor, rebuild: Callable[[], Schedule]):
         self.dims, self.shape, self.tiles = sched.dims, sched.shape, sched.tiles
+        self.encoded = encoded
         self.num_slots, self.combine_heads = sched.num_slots, sched.combine_heads
         self.num_tasks, self.num_barriers, self.sm_task_counts = sched.num_tasks, sched.num_barriers, \
             sched.sm_task_counts
@@ -387,8 +388,8 @@ class EncodedSchedule:
     def full(self) -> Schedule:
         if self._full is None:
             full = self._rebuild()
-            if (full.shape, full.num_tasks, full.num_barriers, full.sm_task_counts) != \
-                    (self.shape, self.num_tasks, self.num_barriers, self.sm_task_counts):
+            if (full.shape, full.num_barriers) != (self.shape, self.num_barriers) or \
+                    not torch.equal(full.encode(), self.encoded):
                 raise RuntimeError(f"the batch-{self.shape.batch} schedule rebuilt differs from the one encoded")
             self._full = full
         return self._full
@@ -409,7 +410,7 @@ class EncodedSchedule:
         return self.full().barrier_name(barrier)
 
     def encode(self) -> torch.Tensor:
-        return self.full().encode()
+        return self.encoded
 
 
 class _Builder:

@@ -481,8 +481,8 @@ def input_checks(schedule: Schedule, records: torch.Tensor, layers, lead_ns: int
     """What a dependency wait costs when there is nothing to wait for, per wave, over the tasks of ``layers``
     whose every waited barrier had its last signal at least ``lead_ns`` before the consumer leader's wait began:
     the wait's start to the run start. A barrier the leader has seen complete before costs no round trip (it is
-    cached on the SM); one it has not costs a poll and the acquire, which on main is a fence that waits for the
-    SM's copies in flight. A task that waits only if it has work and had none is left out, and so is one with a
+    cached on the SM); one it has not costs an acquire poll (`ld.acquire.gpu`, one L2 round trip; before session
+    AD a relaxed poll and a fence, which waited for the SM's copies in flight). A task that waits only if it has work and had none is left out, and so is one with a
     waited barrier that no task signalled. Most checks first."""
     rec, f = record_fields(records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)

@@ -92,7 +92,8 @@ class ScheduleCache:
 
     def _make(self, batch: int) -> tuple[EncodedSchedule, torch.Tensor]:
         sched = self._build(batch)
-        return EncodedSchedule(sched, lambda: self._build(batch)), sched.encode()
+        encoded = sched.encode()
+        return EncodedSchedule(sched, encoded, lambda: self._build(batch)), encoded
 
     def prebuild(self, batches: Iterable[int]) -> None:
         todo = sorted({b for b in batches if b not in self._built and b not in self._pending}, reverse=True)
@@ -366,9 +367,10 @@ def stalled_step(error: torch.Tensor, steps: list[runtime.DeviceStep],
     error then still names the record's raw fields)."""
     rec = dict(zip(abi.ERROR_FIELDS, error.tolist()))
     for step in sorted(steps, key=lambda st: st.schedule.shape.batch):
-        tasks, i = step.schedule.tasks, rec["task_index"]
-        if not 0 <= i < len(tasks):
+        i = rec["task_index"]
+        if not 0 <= i < step.schedule.num_tasks:  # before .tasks, which rebuilds a cached schedule's task list
             continue
+        tasks = step.schedule.tasks
         t = tasks[i]
         if (int(t.op), t.layer) == (rec["opcode"], rec["layer"]) and rec["barrier"] in (*t.waits, t.load_wait) \
                 and (t.sm == rec["sm"] or t.claim != NO_BARRIER):

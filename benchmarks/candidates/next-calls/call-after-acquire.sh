@@ -13,10 +13,10 @@
 # (o_within_down 0.7), t32 (attn_max_tiles 32); batch 8 c4, owd (o_within_down 0.5), ce (combine_place
 # empty_splits). These take in session AC's call-after-in-flight.sh and session T's call-tiles-on-cap.sh, whose
 # kernels main has replaced; (2) kernel_profile at batch 64 on main (#10's third batch; batch 1 and 8 ran in
-# session AD's call 1). `bash call-after-acquire.sh [SECONDS]` (default 420; ~250 s expected).
+# session AD's call 1). `bash call-after-acquire.sh [SECONDS]` (default 480; ~300 s expected).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-420}
+res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-480}
 left() { echo $(( limit - ($(date +%s) - start) )); }
 so=$(ls vllm_megakernel/_C*.so)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
@@ -24,19 +24,22 @@ timeout -k 5 60 build/fence_probe > $res/fence-probe.md 2>&1; echo "fence probe 
 sed -n '/^| protocol/,$p' $res/fence-probe.md
 run() {  # NAME BATCH SECONDS VARIANT=SCHEDULE...: one process, main against each schedule, with an A/A control
   local name=$1 b=$2 lim=$3; shift 3
+  local l=$(( $(left) - 40 )); [ $lim -gt $l ] && lim=$l  # keep ~40 s for the profile
+  [ $lim -lt 20 ] && { echo "$name: no time left"; return; }
   local args=(--variant base=$so)
   for v in "$@"; do args+=(--variant "${v%%=*}=$so@${v#*=}"); done
   timeout -k 5 $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
     --rounds 6 --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
   echo "$name rc=$? ($(( $(date +%s) - start )) s)"; cat $res/$name/table.md 2>/dev/null || tail -3 $res/$name.log
 }
-run b1 1 90 c1=stages_in_flight=1 c3=stages_in_flight=3 lr=local_routing=1 up48=moe_up_cols=48 \
+run b1 1 110 c1=stages_in_flight=1 c3=stages_in_flight=3 lr=local_routing=1 up48=moe_up_cols=48 \
   up24=moe_up_cols=24 lf48=split_order=live_first,attn_live_tasks=48 cap96=attn_live_tasks=96
 run b2 2 65 c2=stages_in_flight=2 c5=stages_in_flight=5 lr=local_routing=1
 run b4 4 75 lr=local_routing=1 lf48=split_order=live_first,attn_live_tasks=48 owd7=o_within_down=0.7 \
   t32=attn_max_tiles=32
 run b8 8 80 c4=stages_in_flight=4 owd=o_within_down=0.5 ce=combine_place=empty_splits
-timeout -k 5 $(( $(left) - 5 )) python3 -m benchmarks.kernel_profile \
+lim=$(( $(left) - 5 )); [ $lim -lt 20 ] && lim=20
+timeout -k 5 $lim python3 -m benchmarks.kernel_profile \
   --model configs/north-mini-code --batch-sizes 64 --iters 10 --out $res/profile-b64 > $res/profile-b64.log 2>&1
 echo "profile b64 rc=$? ($(( $(date +%s) - start )) s)"; grep -A3 "^| batch | context" $res/profile-b64/report.md | head -3
 grep -E "^\| (qkv|mlp_up|mlp_down|o_proj|attn_partial) \|" $res/profile-b64/report.md | head -5

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# As it ran in session AD's call 1 (the patches it names: acquire-load.patch is `git show 564cc9e:benchmarks/candidates/
+# acquire-load.patch`, landed in a53d565; the other two are in this folder).
 # Next session, kernel alone (no vLLM, no stash calls; carry variants/ with base.so, acq.so, acqrf.so, acqre.so,
 # build/fence_probe and .sanitizer/), built on the CPU machine from main by
 #   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base acq=benchmarks/candidates/acquire-load.patch \
