@@ -114,9 +114,9 @@ def test_capture_sizes_are_built_once_on_a_background_thread_largest_first():
         if thread.name == "vllm_megakernel-schedules":
             thread.join(10)
     for b in (64, 8, 1):
-        sched, encoded = cache.get(b)
-        assert sched.shape == ("shape", b) and encoded == ("encoded", b)
-    assert cache.get(64)[0] is cache.get(64)[0]  # kept: vLLM's rebuild after its profiling capture reuses it
+        sched = cache.get(b)
+        assert sched.shape == ("shape", b) and sched.encode() == ("encoded", b)
+    assert cache.get(64) is cache.get(64)  # kept: vLLM's rebuild after its profiling capture reuses it
     assert calls == [(64, "vllm_megakernel-schedules"), (8, "vllm_megakernel-schedules"),
                      (1, "vllm_megakernel-schedules")]
     cache.get(3)  # a size nobody asked for ahead (an eager decode batch): built by the caller
@@ -135,10 +135,10 @@ def test_a_size_the_thread_has_not_reached_is_built_by_its_caller_and_a_failed_b
         if calls:
             break
         threading.Event().wait(0.001)
-    sched, _ = cache.get(16)  # queued behind 64: built here rather than after it
+    sched = cache.get(16)  # queued behind 64: built here rather than after it
     assert sched.shape == ("shape", 16) and calls[-1] == (16, threading.current_thread().name)
     gate.set()
-    assert cache.get(64)[0].shape == ("shape", 64)
+    assert cache.get(64).shape == ("shape", 64)
     with pytest.raises(ValueError, match="no schedule for batch 2"):
         cache.get(2)
     assert sorted(b for b, _ in calls) == [2, 16, 64]  # every size built once
@@ -272,7 +272,7 @@ def test_building_a_task_list_makes_no_cuda_call(monkeypatch):
     for name in ("_lazy_init", "current_device", "synchronize", "current_stream", "is_available"):
         monkeypatch.setattr(torch.cuda, name, no_cuda)
     dims = ref.ModelDims.from_config(TINY_CONFIG)
-    sched, encoded = ScheduleCache(lambda b: build_schedule(dims, StepShape(batch=b, num_sms=4), 32, 64)).get(3)
+    encoded = ScheduleCache(lambda b: build_schedule(dims, StepShape(batch=b, num_sms=4), 32, 64)).get(3).encode()
     assert encoded.device.type == "cpu" and encoded.shape[0] == 4
 
 
@@ -437,7 +437,8 @@ def test_the_cache_keeps_a_schedule_without_its_tasks_and_rebuilds_them_identica
         return sum(type(o) is Task for o in gc.get_objects())
 
     before = live_tasks()
-    sched, encoded = ScheduleCache(build).get(3)
+    sched = ScheduleCache(build).get(3)
+    encoded = sched.encode()
     assert isinstance(sched, EncodedSchedule) and builds == [3]
     assert live_tasks() == before  # the task list went with the build
     full = build(3)

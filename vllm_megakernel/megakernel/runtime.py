@@ -127,8 +127,8 @@ def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: D
     layer's experts in ``workspace["route_log"]`` (int32 [num_layers, B, K]). ``trace`` makes every launch
     record where and when each task ran in :attr:`DeviceStep.trace` (see :mod:`.trace`). ``uniform_routing``
     draws every MoE layer's experts uniformly at random (reference.uniform_experts) instead of routing.
-    ``encoded``: ``schedule.encode()`` computed before (it depends on the schedule alone; vLLM builds each batch
-    size's step twice at start-up, against its profiling KV cache and then the real one). ``error``: a stall
+    ``encoded``: ``schedule.encode()`` computed before (it depends on the schedule alone; an EncodedSchedule,
+    what the vLLM decoder keeps, returns its own from encode()). ``error``: a stall
     record (:func:`new_error_record`) to share with other steps, so that one record answers for whichever step a
     CUDA graph replayed (the decoder's steps share one); a private one by default.
     """

@@ -72,10 +72,10 @@ def _rows(t) -> int:
 
 
 class ScheduleCache:
-    """Each batch size's schedule and its encoding (schedule.encode(), on the host), built once and kept: vLLM
-    builds a step per capture size twice at start-up (against its profiling KV cache, then the real one). What
-    is kept of a schedule is an :class:`EncodedSchedule` (its shape and counts; the task list is rebuilt only
-    if a stall report or a trace asks for it).
+    """Each batch size's schedule, encoded (schedule.encode(), on the host), built once and kept: vLLM builds a
+    step per capture size twice at start-up (against its profiling KV cache, then the real one). What is kept
+    of a schedule is an :class:`EncodedSchedule` (its shape, counts and encoded tables; the task list is rebuilt
+    only if a stall report or a trace asks for it).
 
     :meth:`prebuild` builds the sizes known ahead (the FULL decode graphs' capture sizes) on one background
     thread from the model's construction on, largest first as vLLM captures them, so that the pure-Python
@@ -87,13 +87,12 @@ class ScheduleCache:
 
     def __init__(self, build: Callable[[int], Schedule]):
         self._build = build
-        self._built: dict[int, tuple[EncodedSchedule, torch.Tensor]] = {}
+        self._built: dict[int, EncodedSchedule] = {}
         self._pending: dict[int, Future] = {}
 
-    def _make(self, batch: int) -> tuple[EncodedSchedule, torch.Tensor]:
+    def _make(self, batch: int) -> EncodedSchedule:
         sched = self._build(batch)
-        encoded = sched.encode()
-        return EncodedSchedule(sched, encoded, lambda: self._build(batch)), encoded
+        return EncodedSchedule(sched, sched.encode(), lambda: self._build(batch))
 
     def prebuild(self, batches: Iterable[int]) -> None:
         todo = sorted({b for b in batches if b not in self._built and b not in self._pending}, reverse=True)
@@ -116,7 +115,7 @@ class ScheduleCache:
         if todo:
             threading.Thread(target=run, name="vllm_megakernel-schedules", daemon=True).start()
 
-    def get(self, batch: int) -> tuple[EncodedSchedule, torch.Tensor]:
+    def get(self, batch: int) -> EncodedSchedule:
         if batch not in self._built:
             fut = self._pending.pop(batch, None)
             # a size the thread has not started is built here (the thread then skips it), not after the
@@ -309,9 +308,9 @@ class MegakernelDecoder:
         if self.weights is None:  # after load_weights / process_weights_after_loading: read them in place
             self.weights = Weights.from_vllm_model(self.model)
         t0 = time.perf_counter()
-        sched, encoded = self.schedules.get(batch)  # waits for the background thread, or builds it here
+        sched = self.schedules.get(batch)  # waits for the background thread, or builds it here
         self.stats["schedule_ms"] += 1000 * (time.perf_counter() - t0)
-        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s, encoded=encoded,
+        step = runtime.build_step(sched, self.weights, inputs, timeout_s=self.timeout_s,
                                   route_log=self.routing_recorded, workspace=self.workspace,
                                   uniform_routing=self.uniform_routing, error=self.error)
         # The step must read vLLM's buffers themselves, not copies: a copy would freeze one step's inputs.
