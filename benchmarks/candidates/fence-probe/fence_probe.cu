@@ -303,36 +303,46 @@ int main() {
   check(cudaFuncSetAttribute(hop_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "smem");
   std::printf("%d SMs; probes: fence = fence.acq_rel.gpu, load = ld.relaxed.gpu (L2), store+fence = st.relaxed.gpu "
               "then fence.acq_rel.gpu; ns from clock64 at the SM clock measured in the same window\n\n", sms);
+  // One probe_kernel launch (its arguments after first_chunk, which moves on by launch so that each starts where
+  // the last one's reads are least likely to linger in L2): the latencies in ns by kind of its first `probers`
+  // blocks, and the GB/s of the blocks below `streamers`, each block's bytes over its own window.
+  size_t first_chunk = 0;
+  struct Probed {
+    std::vector<double> v[kKinds];
+    double gbps = 0;
+  };
+  auto probe = [&](size_t block_region, int depth, int streaming, int probers, int prober_depth, int streamers) {
+    check(cudaMemset(probers_done, 0, sizeof(unsigned)), "counter");
+    check(cudaMemset(window, 0, sizeof(unsigned long long) * sms * 4), "windows");
+    probe_kernel<<<sms, kThreads, smem>>>(src, block_region, first_chunk, depth, streaming, probers, prober_depth,
+                                           word, probers_done, lat, window);
+    check(cudaGetLastError(), "launch");
+    check(cudaDeviceSynchronize(), "run");
+    first_chunk += 977;
+    std::vector<unsigned long long> h(sms * kProbes * kKinds), w(sms * 4);
+    check(cudaMemcpy(h.data(), lat, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
+    check(cudaMemcpy(w.data(), window, w.size() * sizeof(w[0]), cudaMemcpyDeviceToHost), "copy");
+    const double ns_per_cycle = (double)w[0] / (double)w[1];  // block 0 always probes
+    Probed r;
+    for (int b = 0; b < streamers; ++b)
+      if (w[b * 4]) r.gbps += (double)w[b * 4 + 2] * kChunk / (double)w[b * 4];
+    for (int b = 0; b < probers; ++b)
+      for (int k = 0; k < kProbes; ++k)
+        for (int j = 0; j < kKinds; ++j) r.v[j].push_back(h[((size_t)b * kProbes + k) * kKinds + j] * ns_per_cycle);
+    return r;
+  };
   std::printf("| streaming SMs | in flight an SM (KB) | GB/s (all streaming SMs) | fence median / p90 ns | "
               "load median / p90 ns | store+fence median / p90 ns |\n|---|---|---|---|---|---|\n");
   const int depths[] = {0, 1, 2, 3, 4, 6, 10};
-  size_t first_chunk = 0;
   for (int one = 0; one < 2; ++one) {
     for (int depth : depths) {
       const int streaming = depth == 0 ? (one ? 1 : 0) : (one ? 1 : sms);  // depth 0, one: block 0 probes alone
-      // one SM alone streams the whole allocation (4.2 GB, far past the L2), every SM its own 32 MB; each launch
-      // starts where the last one's reads are least likely to linger in L2
-      const size_t block_region = one ? region * sms : region;
-      check(cudaMemset(probers_done, 0, sizeof(unsigned)), "counter");
       const int probers = streaming > 0 ? streaming : sms;
-      probe_kernel<<<sms, kThreads, smem>>>(src, block_region, first_chunk, depth, streaming, probers, depth, word,
-                                             probers_done, lat, window);
-      check(cudaGetLastError(), "launch");
-      check(cudaDeviceSynchronize(), "run");
-      first_chunk += 977;
-      std::vector<unsigned long long> h(sms * kProbes * kKinds), w(sms * 4);
-      check(cudaMemcpy(h.data(), lat, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
-      check(cudaMemcpy(w.data(), window, w.size() * sizeof(w[0]), cudaMemcpyDeviceToHost), "copy");
-      const double ns_per_cycle = (double)w[0] / (double)w[1];
-      double gbps = 0;  // each streaming block's bytes over its own probing window
-      for (int b = 0; b < (depth ? streaming : 0); ++b) gbps += (double)w[b * 4 + 2] * kChunk / (double)w[b * 4];
-      std::vector<double> v[kKinds];
-      for (int b = 0; b < probers; ++b)
-        for (int k = 0; k < kProbes; ++k)
-          for (int j = 0; j < kKinds; ++j) v[j].push_back(h[((size_t)b * kProbes + k) * kKinds + j] * ns_per_cycle);
+      // one SM alone streams the whole allocation (4.2 GB, far past the L2), every SM its own 32 MB
+      const Probed r = probe(one ? region * sms : region, depth, streaming, probers, depth, depth ? streaming : 0);
       std::printf("| %d%s | %d | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", depth ? streaming : 0,
-                  probers == 1 ? " (block 0 probes alone)" : "", depth * kChunk / 1024, gbps, pct(v[0], 0.5),
-                  pct(v[0], 0.9), pct(v[1], 0.5), pct(v[1], 0.9), pct(v[2], 0.5), pct(v[2], 0.9));
+                  probers == 1 ? " (block 0 probes alone)" : "", depth * kChunk / 1024, r.gbps, pct(r.v[0], 0.5),
+                  pct(r.v[0], 0.9), pct(r.v[1], 0.5), pct(r.v[1], 0.9), pct(r.v[2], 0.5), pct(r.v[2], 0.9));
     }
   }
   // Own bytes or everyone's: kMixedProbers SMs probe while streaming at their own depth, every other SM streams at
@@ -344,27 +354,10 @@ int main() {
   const int mixed[][2] = {{0, 10}, {1, 10}, {2, 10}, {10, 10}, {0, 2}, {10, 2}, {0, 4}, {10, 4}};
   for (const auto& m : mixed) {
     const int own = m[0], others = m[1];
-    check(cudaMemset(probers_done, 0, sizeof(unsigned)), "counter");
-    check(cudaMemset(window, 0, sizeof(unsigned long long) * sms * 4), "windows");
-    probe_kernel<<<sms, kThreads, smem>>>(src, region, first_chunk, others, sms, kMixedProbers, own, word,
-                                           probers_done, lat, window);
-    check(cudaGetLastError(), "launch");
-    check(cudaDeviceSynchronize(), "run");
-    first_chunk += 977;
-    std::vector<unsigned long long> h(sms * kProbes * kKinds), w(sms * 4);
-    check(cudaMemcpy(h.data(), lat, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
-    check(cudaMemcpy(w.data(), window, w.size() * sizeof(w[0]), cudaMemcpyDeviceToHost), "copy");
-    const double ns_per_cycle = (double)w[0] / (double)w[1];
-    double gbps = 0;
-    for (int b = 0; b < sms; ++b)
-      if (w[b * 4]) gbps += (double)w[b * 4 + 2] * kChunk / (double)w[b * 4];
-    std::vector<double> v[kKinds];
-    for (int b = 0; b < kMixedProbers; ++b)
-      for (int k = 0; k < kProbes; ++k)
-        for (int j = 0; j < kKinds; ++j) v[j].push_back(h[((size_t)b * kProbes + k) * kKinds + j] * ns_per_cycle);
+    const Probed r = probe(region, others, sms, kMixedProbers, own, sms);
     std::printf("| %d | %d | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", own * kChunk / 1024,
-                others * kChunk / 1024, gbps, pct(v[0], 0.5), pct(v[0], 0.9), pct(v[1], 0.5), pct(v[1], 0.9),
-                pct(v[2], 0.5), pct(v[2], 0.9));
+                others * kChunk / 1024, r.gbps, pct(r.v[0], 0.5), pct(r.v[0], 0.9), pct(r.v[1], 0.5), pct(r.v[1], 0.9),
+                pct(r.v[2], 0.5), pct(r.v[2], 0.9));
   }
   // One hop between two SMs (hop_kernel): the round trip over two, by protocol, under the pair's own copies in
   // flight and the other SMs'.
