@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# As it ran in session AE's call 1 (`bash call1-after-acquire.sh 480`, on main's extension at 62c6545; 98 s); it was
+# benchmarks/candidates/next-calls/call-after-acquire.sh.
 # Next session, kernel alone (no vLLM, no stash calls; carry vllm_megakernel/_C*.so built from main, and
 # build/fence_probe built by
 #   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -o build/fence_probe \
