@@ -34,7 +34,7 @@ ATTENTION_WAVES = ("attn_partial", "attn_combine")
 # How --schedules reads a StepShape choice's value (the rest: ints); the choices are StepShape's own fields
 SHAPE_VALUE = {"norm": str, "order": str, "deal": str, "split_order": str, "combine_place": str,
                "expert_claims": lambda v: bool(int(v)), "combine_in_norm": lambda v: bool(int(v)),
-               "local_routing": lambda v: bool(int(v)),
+               "local_routing": lambda v: bool(int(v)), "posted_routing": lambda v: bool(int(v)),
                "o_within_down": float}
 
 

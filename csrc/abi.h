@@ -5,9 +5,10 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 15;
+constexpr int kAbiVersion = 16;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
+constexpr int kPostedRouteWait = -2;
 
 enum Op : int {
   OP_END = 0,
@@ -159,33 +160,35 @@ constexpr int S_ROPE_THETA_F64 = 10;
 constexpr int S_TIMEOUT_NS = 11;
 constexpr int S_UNIFORM_ROUTING = 12;
 constexpr int S_LOCAL_ROUTING = 13;
-constexpr int S_STAGES_IN_FLIGHT = 14;
-constexpr int S_ROUTE_EXPERT_OFF = 15;
-constexpr int S_ROUTE_COUNT_OFF = 16;
-constexpr int S_ROUTE_ROWS_OFF = 17;
-constexpr int S_EMBED = 18;
-constexpr int S_FINAL_NORM = 19;
-constexpr int S_INPUT_IDS = 20;
-constexpr int S_POSITIONS = 21;
-constexpr int S_SEQ_LENS = 22;
-constexpr int S_X = 23;
-constexpr int S_HN = 24;
-constexpr int S_Q = 25;
-constexpr int S_OPART = 26;
-constexpr int S_LSE = 27;
-constexpr int S_ATTN = 28;
-constexpr int S_O = 29;
-constexpr int S_MLP = 30;
-constexpr int S_OUT = 31;
-constexpr int S_SCORES = 32;
-constexpr int S_TOPK_W = 33;
-constexpr int S_ROUTE = 34;
-constexpr int S_DACT = 35;
-constexpr int S_ACT = 36;
-constexpr int S_EOUT = 37;
-constexpr int S_ROUTE_LOG = 38;
-constexpr int S_TRACE = 39;
-constexpr int kStepWords = 40;
+constexpr int S_POSTED_ROUTING = 14;
+constexpr int S_STAGES_IN_FLIGHT = 15;
+constexpr int S_ROUTE_EXPERT_OFF = 16;
+constexpr int S_ROUTE_COUNT_OFF = 17;
+constexpr int S_ROUTE_ROWS_OFF = 18;
+constexpr int S_ROUTE_POSTS = 19;
+constexpr int S_EMBED = 20;
+constexpr int S_FINAL_NORM = 21;
+constexpr int S_INPUT_IDS = 22;
+constexpr int S_POSITIONS = 23;
+constexpr int S_SEQ_LENS = 24;
+constexpr int S_X = 25;
+constexpr int S_HN = 26;
+constexpr int S_Q = 27;
+constexpr int S_OPART = 28;
+constexpr int S_LSE = 29;
+constexpr int S_ATTN = 30;
+constexpr int S_O = 31;
+constexpr int S_MLP = 32;
+constexpr int S_OUT = 33;
+constexpr int S_SCORES = 34;
+constexpr int S_TOPK_W = 35;
+constexpr int S_ROUTE = 36;
+constexpr int S_DACT = 37;
+constexpr int S_ACT = 38;
+constexpr int S_EOUT = 39;
+constexpr int S_ROUTE_LOG = 40;
+constexpr int S_TRACE = 41;
+constexpr int kStepWords = 42;
 
 // Layer table words (int64).
 constexpr int L_DENSE = 0;
@@ -252,6 +255,13 @@ constexpr int kAttnTileTokens = 16;
 constexpr int kMaxBatch = 64;
 constexpr int kMaxAttnSplits = 128;
 constexpr int kLocalRoutingMaxBatch = 8;
+constexpr int kPostedRoutingMaxBatch = 8;
+
+// A posted route word (abi.ROUTE_POST).
+constexpr int kPostExpertBits = 7;
+constexpr int kPostCountBits = 4;
+constexpr int kPostPairBits = 6;
+constexpr int kPostPostedBit = 63;
 
 // Weight rows per pipeline stage of each GEMM (layout.rows_per_stage of its row length).
 constexpr int kQkvStageRows = 8;

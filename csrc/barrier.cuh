@@ -30,6 +30,21 @@ __device__ __forceinline__ bool aborted(const int* error) {
 // barrier protocol; fence.sc, what __threadfence() emits, is stronger than the protocol needs).
 __device__ __forceinline__ void release_fence() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
+// Records which task, SM, opcode, layer and wait stalled and what it saw, and raises the abort flag (error
+// word 0); the first reporter wins, and its record is complete before the flag is published.
+__device__ inline void report_stall(int* error, const int* desc, int barrier, int expected, int seen) {
+  if (atomicCAS(&error[abi::E_SM], -1, (int)blockIdx.x) == -1) {
+    error[abi::E_TASK_INDEX] = desc[abi::F_TASK_INDEX];
+    error[abi::E_OPCODE] = desc[abi::F_OPCODE];
+    error[abi::E_LAYER] = desc[abi::F_LAYER];
+    error[abi::E_BARRIER] = barrier;
+    error[abi::E_EXPECTED] = expected;
+    error[abi::E_SEEN] = seen;
+    __threadfence();
+    atomicExch(&error[abi::E_FLAG], 1);
+  }
+}
+
 // Called by ONE thread. Returns false when the step was aborted (by this wait or another SM's). Every poll is
 // an acquire load (ld.acquire.gpu: the load, then an L1 invalidation), and the one that sees the count
 // synchronizes with every signaller: the count is the last write of a release sequence of relaxed reductions,
@@ -54,17 +69,7 @@ __device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* 
     if (polls % 16) continue;
     if (aborted(error)) return false;
     if ((long long)(global_timer_ns() - start) > timeout_ns) {
-      // First reporter wins; the record is complete before the flag is published.
-      if (atomicCAS(&error[abi::E_SM], -1, (int)blockIdx.x) == -1) {
-        error[abi::E_TASK_INDEX] = desc[abi::F_TASK_INDEX];
-        error[abi::E_OPCODE] = desc[abi::F_OPCODE];
-        error[abi::E_LAYER] = desc[abi::F_LAYER];
-        error[abi::E_BARRIER] = barrier;
-        error[abi::E_EXPECTED] = count;
-        error[abi::E_SEEN] = seen;
-        __threadfence();
-        atomicExch(&error[abi::E_FLAG], 1);
-      }
+      report_stall(error, desc, barrier, count, seen);
       return false;
     }
   }

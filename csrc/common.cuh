@@ -92,6 +92,11 @@ struct Step {
   // Each layer's routed slot count, kept for the whole step (route()[0] is the latest layer's only).
   // (layout.route_offsets: right after the slot rows, so no step word of its own)
   __device__ int* layer_active() const { return slot_rows((int)w[abi::S_NUM_SLOTS]); }
+  // One layer's posted route words (the step's posted_routing, abi.ROUTE_POST): [0] its routed slot count,
+  // [1 + s] slot s. They sit in the step's barrier array, which the host zeroes before every launch.
+  __device__ unsigned long long* route_posts(int layer) const {
+    return ptr<unsigned long long>(abi::S_ROUTE_POSTS) + (long long)layer * (1 + w[abi::S_NUM_SLOTS]);
+  }
 };
 
 // Typed view of one layer's row of the layer table (abi::L_*).

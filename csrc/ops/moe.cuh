@@ -6,7 +6,9 @@
 // writes the slot's expert, row count and rows into the descriptor (complete_routed_descriptor, abi's
 // routed descriptors); both sides then read only those words, so they agree on whether the slot has work
 // at all. An expert task whose slot is past the layer's num_active is skipped by its producer (never
-// published); the top-k's signaller makes up the down barrier's count for those (abi.py).
+// published); the top-k's signaller makes up the down barrier's count for those (abi.py). With the step's
+// posted_routing the producer waits on the layer's router wave instead and then polls the slot's posted
+// word, which holds all of that (poll_route_post).
 //
 // The up/gate task's activation rows (hn of the slot's tokens) come through the stage ring as the task's
 // first stage when they fit one (at most kStagedRows rows): the producer copies them once the routing is
@@ -102,19 +104,65 @@ __device__ __forceinline__ int first_unskipped(const int* my_tasks, int from, in
   return max_tasks;
 }
 
+// Posted routing (the step's posted_routing): lane 0 of the producer warp polls its layer's posted words
+// (abi.ROUTE_POST, stored by the top-k, ops/router.cuh) until it knows the layer's routed slot count, `active`
+// (given: >= 0, when the layer is known), and, for a live slot, the slot's word. A poll's two loads go out
+// together: one round trip. They are relaxed: each word carries its own posted bit, and nothing else the top-k
+// wrote is read on the strength of it (the up/gate task's staged hn rows are ordered by the router wave's
+// barrier, the load wait before this). Bounded like wait_barrier; false on an abort or a timeout (recorded with
+// abi::kPostedRouteWait, the slot, and the slot count seen, -1 while the layer's head word was not posted).
+__device__ __forceinline__ bool poll_route_post(Producer& p, int layer, int slot, int& active,
+                                                unsigned long long& word, const int* desc) {
+  using Word = cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>;
+  unsigned long long* posts = p.st.route_posts(layer);
+  unsigned long long head = active >= 0 ? topk::kPosted | (unsigned long long)active : 0ull;
+  unsigned long long start = 0;
+  for (unsigned polls = 0;; ++polls) {
+    if (!(head & topk::kPosted)) head = Word(posts[0]).load(cuda::memory_order_relaxed);
+    word = Word(posts[1 + slot]).load(cuda::memory_order_relaxed);
+    if (head & topk::kPosted) {
+      active = (int)(head & ~topk::kPosted);
+      if (slot >= active || (word & topk::kPosted)) return true;  // a dead slot's word is never posted
+    }
+    if (polls == 0) start = global_timer_ns();
+    __nanosleep(20);
+    if (polls % 16 != 15) continue;  // the error word and the clock every 16th poll, as wait_barrier
+    if (aborted(p.error)) break;
+    if ((long long)(global_timer_ns() - start) > p.timeout_ns) {
+      report_stall(p.error, desc, abi::kPostedRouteWait, slot, head & topk::kPosted ? active : -1);
+      break;
+    }
+  }
+  p.stages.p.abort = 1;
+  return false;
+}
+
+// A slot's (expert, count, rows) from its posted word into the descriptor's routed words.
+__device__ __forceinline__ void routed_words_from_post(int* desc, unsigned long long word) {
+  constexpr int first = abi::kPostExpertBits + abi::kPostCountBits;
+  const int count = (int)(word >> abi::kPostExpertBits) & ((1 << abi::kPostCountBits) - 1);
+  desc[abi::F_ROUTED_EXPERT] = (int)word & ((1 << abi::kPostExpertBits) - 1);
+  desc[abi::F_ROUTED_COUNT] = count;
+#pragma unroll
+  for (int j = 0; j < abi::kRoutedPairWords; ++j)
+    desc[abi::F_ROUTED_PAIR0 + j] = j < count ? (int)(word >> (first + j * abi::kPostPairBits)) & ((1 << abi::kPostPairBits) - 1) : 0;
+}
+
 // The producer warp's completion of a routed (expert) task's descriptor, in place in the descriptor ring;
 // every lane calls it with its word of the descriptor and gets its final word back. A claiming task takes
 // its number first: the number does not depend on the routing, so its round trip overlaps the wait. Then
 // lane 0 waits for the layer's routing (the first of the layer's places on this SM only) and reads the
 // slot's route words in one round trip (every load issued before the first is used). A wait of the
-// consumers' on the routing is then dropped from the descriptor. kDead: the slot is past the routed count,
-// and the producer skips the task (abi.py's routed descriptors); kAbort: the step is being aborted.
+// consumers' on the routing is then dropped from the descriptor. With posted routing the wait is the router
+// wave's and the slot's words come from its posted word, polled (poll_route_post). kDead: the slot is past the
+// routed count, and the producer skips the task (abi.py's routed descriptors); kAbort: the step is being aborted.
 __device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, LocalRoute& lr, int* desc, const Layer& ly,
                                                              int op, int& word, RoutingSeen& seen) {
   const int lane = Role::lane();
   const int counter = __shfl_sync(0xffffffffu, word, abi::F_ROUTED_CLAIM);  // kNoBarrier: not claiming
   const int layer = __shfl_sync(0xffffffffu, word, abi::F_LAYER);
-  const bool known = layer == seen.layer;  // this layer's routing already acquired, its count in `active`
+  const bool known = layer == seen.layer;  // this layer's routing already acquired (posted: its count polled),
+                                           // its count in `active`
   desc[lane] = word;
   __syncwarp();
   int n = 0;
@@ -137,7 +185,25 @@ __device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, LocalR
   desc[lane] = word;
   __syncwarp();
   int live = 0, active = seen.active;
-  if (lane == 0) {
+  const bool posted = p.st.i(abi::S_POSTED_ROUTING) != 0;
+  if (lane == 0 && posted) {
+    const int slot = desc[abi::F_ROUTED_SLOT];
+    if (!known || slot < active) {  // a known layer's dead slot needs no poll
+      unsigned long long post = 0;
+      if (!known) active = -1;
+      if (!poll_route_post(p, layer, slot, active, post, desc)) {
+        live = -1;
+      } else if (slot < active) {
+        // the consumers' wait on the routing, dropped as below: here the router wave's, which this thread
+        // acquired (the load wait)
+        if (desc[abi::F_WAIT0_BARRIER] == desc[abi::F_LOAD_WAIT_BARRIER] &&
+            desc[abi::F_WAIT0_COUNT] <= desc[abi::F_LOAD_WAIT_COUNT])
+          desc[abi::F_WAIT0_BARRIER] = abi::kNoBarrier;
+        routed_words_from_post(desc, post);
+      }
+    }
+    if (live == 0) live = slot < active;
+  } else if (lane == 0) {
     const int slot = desc[abi::F_ROUTED_SLOT], B = p.st.batch();
     if (!known || slot < active) {  // a known layer's dead slot needs none of the reads below
       // This layer's own count: a producer can reach a dead slot's place after the layer finished without
@@ -163,9 +229,11 @@ __device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, LocalR
     live = slot < active;
   }
   __syncwarp();  // lane 0's words are read by the other lanes below, or rewritten by them at the next place
+  live = __shfl_sync(0xffffffffu, live, 0);
+  if (live < 0) return Routed::kAbort;
   seen.layer = layer;
   seen.active = __shfl_sync(0xffffffffu, active, 0);
-  if (!__shfl_sync(0xffffffffu, live, 0)) {
+  if (!live) {
     if (counter != abi::kNoBarrier) seen.exhausted = counter;
     return Routed::kDead;
   }

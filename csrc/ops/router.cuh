@@ -8,7 +8,11 @@
 // both are chosen); slots past num_active stay empty and the producers skip those slots' expert tasks.
 // Padding rows (seq_len 0) are not routed. With the step's local_routing the expert tasks' producers build
 // the same work list themselves from the scores (topk.cuh's LocalRoute) and nothing waits on this one but
-// the MoE combine, for the weights.
+// the MoE combine, for the weights. With its posted_routing this one also stores the work list as posted
+// words (abi.ROUTE_POST: the layer's slot count, then one word a slot holding its expert and rows, each with
+// its own posted bit) as soon as it is built: the expert tasks' producers poll them (ops/moe.cuh), so the
+// routing reaches them without this task's fence and barrier and without a second read; again only the MoE
+// combine waits on its barrier.
 #pragma once
 
 #include "norm.cuh"
@@ -49,6 +53,7 @@ struct RouterTopkOp {
     int count[abi::kNumExperts];
     int slot[abi::kNumExperts];
     int fill[abi::kNumExperts];  // rows placed so far per expert (the row placement's running offset)
+    unsigned long long post[abi::kPostedRoutingMaxBatch * abi::kTopK];  // posted routing: each slot's word
   };
 
   static __device__ bool load(Producer&, const Task&) { return true; }
@@ -85,12 +90,26 @@ struct RouterTopkOp {
     }
     c.mark_stages();  // the trace's second mark: every row's experts chosen (the work list below is the rest)
     consumer_sync();
+    const bool posted = c.st.i(abi::S_POSTED_ROUTING) != 0;  // the host allows it up to kPostedRoutingMaxBatch rows
     const int active = topk::build_work_list(sh.chosen, B * K, sh.count, sh.slot, sh.fill, c.st.slot_expert(),
                                              c.st.slot_count(), c.st.slot_rows(0), B, c.thread, kConsumerThreads,
-                                             [] { consumer_sync(); });
+                                             [] { consumer_sync(); }, posted ? sh.post : nullptr);
     if (c.thread == 0) {
       c.st.route()[0] = active;
       c.st.layer_active()[layer] = active;  // the producers' and the signaller's count of this layer's slots
+    }
+    if (posted && c.warp == 0) {  // warp 0 built the words (and holds `active`)
+      __syncwarp();  // every lane's rows are in sh.post
+      // Relaxed 64-bit stores, no fence: each word is single-copy atomic and carries its own posted bit, which
+      // is all a polling producer needs; the route buffer and topk_w above are ordered for the MoE combine by
+      // this task's fence and barrier, as always.
+      unsigned long long* words = c.st.route_posts(layer);
+      for (int s = c.lane; s < active; s += 32)
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(words[1 + s])
+            .store(sh.post[s], cuda::memory_order_relaxed);
+      if (c.lane == 0)
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(words[0])
+            .store(topk::kPosted | (unsigned long long)active, cuda::memory_order_relaxed);
     }
     return true;
   }

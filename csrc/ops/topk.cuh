@@ -95,15 +95,26 @@ __device__ __forceinline__ void choose_uniform_row(int* row, int layer, long lon
   }
 }
 
+// A slot's posted word (abi.ROUTE_POST) before its rows: the posted bit, the expert and the row count; row
+// `at` of the slot is or-ed in by route_post_row.
+constexpr unsigned long long kPosted = 1ull << abi::kPostPostedBit;
+__device__ __forceinline__ unsigned long long route_post_head(int expert, int count) {
+  return kPosted | (unsigned long long)expert | (unsigned long long)count << abi::kPostExpertBits;
+}
+__device__ __forceinline__ unsigned long long route_post_row(int at, int pair) {
+  return (unsigned long long)pair << (abi::kPostExpertBits + abi::kPostCountBits + at * abi::kPostPairBits);
+}
+
 // The layer's expert work list from its chosen pairs (chosen[p], p = row * K + k; -1: not routed): each
 // chosen expert a slot in ascending expert order, with its pairs ascending in rows[slot * rows_stride ..].
 // Run by `threads` threads, this one `tid` (warp 0: tid < 32); chosen[] complete and count[] / fill[]
 // (shared, E each) zeroed before the call and visible to all of them; sync() orders their shared-memory
-// accesses. Returns the slot count on warp 0's lanes.
+// accesses. Returns the slot count on warp 0's lanes. `post` (shared, one word a slot; posted routing, up to
+// abi::kPostedRoutingMaxBatch rows): also each slot's posted word, complete on warp 0 after a __syncwarp().
 template <class Sync>
 __device__ __forceinline__ int build_work_list(const int* chosen, int pairs, int* count, int* slot_of, int* fill,
                                                int* slot_expert, int* slot_count, int* rows, int rows_stride, int tid,
-                                               int threads, Sync sync) {
+                                               int threads, Sync sync, unsigned long long* post = nullptr) {
   for (int p = tid; p < pairs; p += threads)
     if (chosen[p] >= 0) atomicAdd(&count[chosen[p]], 1);
   sync();
@@ -118,6 +129,7 @@ __device__ __forceinline__ int build_work_list(const int* chosen, int pairs, int
     if (n > 0) {
       slot_expert[slot] = e;
       slot_count[slot] = n;
+      if (post) post[slot] = route_post_head(e, n);
     }
     base += __popc(used);
   }
@@ -128,7 +140,15 @@ __device__ __forceinline__ int build_work_list(const int* chosen, int pairs, int
     const int p = p0 + lane, e = p < pairs ? chosen[p] : -1;
     const unsigned same = __match_any_sync(0xffffffffu, e);
     const int before = __popc(same & ((1u << lane) - 1));
-    if (e >= 0) rows[slot_of[e] * rows_stride + fill[e] + before] = p;
+    if (e >= 0) {
+      rows[slot_of[e] * rows_stride + fill[e] + before] = p;
+      if (post) {  // the row's bits, or-ed into each 32-bit half (a 64-bit shared atomicOr is a CAS loop)
+        const unsigned long long bits = route_post_row(fill[e] + before, p);
+        unsigned int* half = reinterpret_cast<unsigned int*>(&post[slot_of[e]]);  // little-endian: low first
+        if ((unsigned int)bits) atomicOr(&half[0], (unsigned int)bits);
+        if (bits >> 32) atomicOr(&half[1], (unsigned int)(bits >> 32));
+      }
+    }
     __syncwarp();
     if (e >= 0 && before == 0) fill[e] += __popc(same);
     __syncwarp();

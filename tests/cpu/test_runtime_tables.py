@@ -89,3 +89,34 @@ def test_steps_built_with_one_stall_record_share_it_and_a_wrong_record_is_refuse
     assert runtime.build_step(steps[0].schedule, w, sim.step([1, 2])).error is not record  # private by default
     with pytest.raises(ValueError, match="a stall record is int32"):
         runtime.build_step(steps[0].schedule, w, sim.step([1, 2]), error=torch.zeros(3, dtype=torch.int32))
+
+
+def test_posted_route_words_sit_zeroed_after_the_barriers_and_a_stall_on_one_names_the_layer_and_slot(tiny_checkpoint):
+    """StepShape.posted_routing: the step's barrier array holds, 8-byte aligned after the barriers, one uint64
+    word per layer and per slot plus one a layer (layout.route_post_words), which the step table's route_posts
+    points at and which launch() zeroes with the barriers; without it there are none and the field is 0. A
+    producer that timed out polling one is reported by layer and slot, not as a barrier."""
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    w = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.bfloat16)
+    sim = PagedKVSim(dims, num_requests=2, max_len=20, block_size=4, dtype=torch.bfloat16)
+    sim.fill_history([5, 9], generator=torch.Generator().manual_seed(0))
+    inp = sim.step([1, 2])
+    for posted in (False, True):
+        sched = build_schedule(dims, StepShape(batch=2, num_sms=4, attn_splits=2, posted_routing=posted),
+                               *w.intermediates())
+        step = runtime.build_step(sched, w, inp)
+        s = dict(zip(abi.STEP_FIELDS, step.step_table.tolist()))
+        words = layout.route_post_words(dims, 2) if posted else 0
+        at = (sched.num_barriers + 1) // 2 * 2
+        assert s["posted_routing"] == int(posted) and sched.route_post_words == words
+        assert step.barriers.numel() == at + 2 * words and not step.barriers.any()
+        assert s["route_posts"] == (step.barriers.data_ptr() + 4 * at if posted else 0) and s["route_posts"] % 8 == 0
+    topk = next(t for t in sched.tasks if t.op == abi.Op.ROUTER_TOPK)
+    victim = next(t for t in sched.tasks if t.op == abi.Op.MOE_UPGATE and t.layer == topk.layer)
+    record = {"flag": 1, "sm": victim.sm, "task_index": victim.index, "opcode": int(victim.op), "layer": victim.layer,
+              "barrier": abi.POSTED_ROUTE_WAIT, "expected": 3, "seen": -1}
+    step.error.copy_(torch.tensor([record[f] for f in abi.ERROR_FIELDS], dtype=torch.int32))
+    with pytest.raises(runtime.MegakernelStallError,
+                       match=rf"task {victim.index} \(MOE_UPGATE.* polled layer {victim.layer}'s posted route for "
+                             r"slot 3: not posted"):
+        runtime.check(step)

@@ -14,7 +14,7 @@ import torch
 
 from conftest import FULL_CONFIG, TINY_CONFIG
 from vllm_megakernel import reference as ref
-from vllm_megakernel.megakernel import layout, simulate
+from vllm_megakernel.megakernel import abi, layout, simulate
 from vllm_megakernel.megakernel.abi import NO_BARRIER, Op
 from vllm_megakernel.megakernel.layout import moe_slots
 from vllm_megakernel.megakernel.schedule import MOE_ONLY_WAVES, WAVE_ORDERS, Barrier, StepShape, Task, build_schedule
@@ -975,13 +975,13 @@ def test_every_expert_task_of_a_layer_waits_on_the_layers_routing(dims):
     from vllm_megakernel.megakernel.schedule import _check_routed_load_waits
 
     s = tiny_schedule(dims, 3, num_sms=3)
-    _check_routed_load_waits(s.tasks)
+    _check_routed_load_waits(s.tasks, posted=False)
     expert = [t for t in s.tasks if t.op in (Op.MOE_UPGATE, Op.MOE_DOWN)]
     assert len({t.load_wait for t in expert if t.layer == expert[0].layer}) == 1
     other = next(t for t in reversed(expert) if t.layer == expert[0].layer)
     other.load_wait = expert[0].load_wait + 1
     with pytest.raises(AssertionError, match="another barrier"):
-        _check_routed_load_waits(s.tasks)
+        _check_routed_load_waits(s.tasks, posted=False)
 
 
 @pytest.mark.parametrize("batch, order, fraction", [(1, "random", 0.4), (3, "reverse", 0.5), (5, "random", 0.3),
@@ -1277,6 +1277,99 @@ def test_local_routing_keeps_every_layers_scores_and_is_refused_where_the_kernel
         StepShape(batch=2, num_sms=7, local_routing=True, norm="wave", combine_in_norm=True)
     assert [StepShape(batch=b, num_sms=132).local_routing for b in (1, 2, 8, 64)] == \
         [layout.local_routing_for(b) for b in (1, 2, 8, 64)]
+
+
+@pytest.mark.parametrize("batch, order, uniform", [(1, "random", False), (3, "reverse", False), (4, "random", True),
+                                                   (8, "random", False)])
+def test_posted_routing_polls_the_layers_top_k_and_computes_the_same_step(dims, weights, batch, order, uniform):
+    """StepShape.posted_routing: every expert task's producer waits on its layer's router wave and then polls
+    the layer's top-k's posted words (Task.load_post; no barrier between them), the MoE combine waits on the
+    top-k for its weights, and nothing else changes: the step is deadlock- and race-free under any SM order,
+    runs exactly the live slots' tiles as the posted words decode them (a padding row leaves slots dead), and
+    is bit-equal to the step on the top-k's barrier and to the reference."""
+    from vllm_megakernel.megakernel.schedule import POSTED_ROUTES
+
+    lengths = [40, 9, 3, 17, 1, 30, 12][: max(batch - 1, 1)]
+    inp = step_inputs(dims, lengths + [0] * (batch - len(lengths)), seed=batch)  # a padding row from batch 2
+    shape = dict(batch=batch, num_sms=7, attn_splits=3, attn_min_tiles=1)
+    plain = build_schedule(dims, StepShape(**shape, posted_routing=False), *weights.intermediates())
+    posted = build_schedule(dims, StepShape(**shape, posted_routing=True), *weights.intermediates())
+    names = {b: posted.barriers[b].name for b in range(len(posted.barriers))}
+    for layer in range(dims.num_layers):
+        if dims.dense[layer]:
+            continue
+        topk = [t for t in posted.tasks if t.layer == layer and t.op == Op.ROUTER_TOPK]
+        assert len(topk) == 1 and (POSTED_ROUTES, layer) in topk[0].writes
+        experts = [t for t in posted.tasks if t.layer == layer and t.op in (Op.MOE_UPGATE, Op.MOE_DOWN)]
+        assert {names[t.load_wait] for t in experts} == {f"L{layer}.router"}
+        assert {t.load_post for t in experts} == {topk[0].index}
+        assert all(names[w] != f"L{layer}.route" for t in experts for w in t.waits)
+        assert all((POSTED_ROUTES, layer) in t.reads and ("route",) not in t.reads for t in experts)
+        combines = [t for t in posted.tasks if t.layer == layer and t.op == Op.MOE_COMBINE]
+        assert combines and all(f"L{layer}.route" in {names[w] for w in t.waits} for t in combines)
+    assert all(t.load_post == -1 for t in plain.tasks)
+    assert [t.op for t in posted.tasks] == [t.op for t in plain.tasks]
+    assert posted.route_post_words == dims.num_layers * (1 + moe_slots(dims, batch)) and plain.route_post_words == 0
+    simulate.run(posted, order=order, seed=batch)
+    simulate.check_races(posted, order=order, seed=batch)
+    numerics = simulate.Numerics(posted, weights, clone_inputs(inp), uniform_routing=uniform)
+    with torch.no_grad():
+        ran = simulate.run(posted, numerics, order=order, seed=batch, live_slots=numerics.live_slots)
+    assert set(numerics.posts) == {layer for layer in range(dims.num_layers) if not dims.dense[layer]}
+    expert = [posted.tasks[i] for i in ran if posted.tasks[i].op in (Op.MOE_UPGATE, Op.MOE_DOWN)]
+    assert expert and all(t.fields["slot"] < numerics.posts[t.layer][0] for t in expert)
+    if batch > 1:
+        assert any(words[0] < moe_slots(dims, batch) for words in numerics.posts.values())  # dead slots, skipped
+    got = simulate.decode_step(posted, weights, clone_inputs(inp), order=order, seed=batch, uniform_routing=uniform)
+    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch, uniform_routing=uniform)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    expected = ref.decode_step(dims, weights, clone_inputs(inp), uniform_routing=uniform)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_posted_word_read_without_polling_its_writer_or_written_twice_is_a_race_and_a_later_writer_deadlocks(dims):
+    """The posted words need no barrier only because a producer polls them until their own flag is set:
+    simulate.check_races refuses an expert task that reads them without polling the top-k that posts them, and
+    a second writer of them; the producer model refuses a poll of a task that comes later in the step."""
+    import dataclasses
+
+    from vllm_megakernel.megakernel.schedule import POSTED_ROUTES
+
+    s = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, attn_min_tiles=1, posted_routing=True),
+                       TINY_I, TINY_DENSE_I)
+    simulate.check_races(s)
+    victim = next(t for t in s.tasks if t.op == Op.MOE_DOWN)
+    mute = dataclasses.replace(s, tasks=[dataclasses.replace(t, load_post=-1) if t is victim else t for t in s.tasks])
+    with pytest.raises(simulate.RaceError, match="without polling"):
+        simulate.check_races(mute)
+    router = next(t for t in s.tasks if t.op == Op.ROUTER and t.layer == victim.layer)
+    twice = dataclasses.replace(s, tasks=[dataclasses.replace(t, writes=t.writes + ((POSTED_ROUTES, t.layer),))
+                                          if t is router else t for t in s.tasks])
+    with pytest.raises(simulate.RaceError, match="written by 2 tasks"):
+        simulate.check_races(twice)
+    late = max(t.index for t in s.tasks if t.layer == victim.layer)
+    ahead = dataclasses.replace(s, tasks=[dataclasses.replace(t, load_post=late) if t is victim else t
+                                          for t in s.tasks])
+    with pytest.raises(simulate.Deadlock, match="not earlier in the step"):
+        simulate.run(ahead)
+
+
+def test_posted_routing_is_refused_where_the_kernel_has_no_form_and_its_words_pack_every_row(dims):
+    """A slot's posted word holds up to POSTED_ROUTING_MAX_BATCH rows below its posted bit (abi.ROUTE_POST),
+    and the MoE combine's wait on the top-k needs a MoE combine wave: other shapes are refused, as is posted
+    routing with local routing. The words round-trip through abi's packing at the extremes."""
+    n = layout.POSTED_ROUTING_MAX_BATCH
+    assert StepShape(batch=n, num_sms=7, posted_routing=True).posted_routing
+    for bad in (dict(batch=n + 1), dict(batch=2, norm="wave", combine_in_norm=True), dict(batch=2, local_routing=True)):
+        with pytest.raises(ValueError, match="posted_routing"):
+            StepShape(num_sms=7, posted_routing=True, **bad)
+    assert [StepShape(batch=b, num_sms=132).posted_routing for b in (1, 2, 8, 64)] == \
+        [layout.posted_routing_for(b) and not layout.local_routing_for(b) for b in (1, 2, 8, 64)]
+    K, E = abi.MODEL["top_k"], abi.MODEL["num_experts"]
+    for expert, rows in ((0, []), (E - 1, list(range(n * K - n, n * K))), (5, [0]), (E // 2, [3, 9, 63][:n])):
+        word = abi.pack_route_post(expert, rows)
+        assert word >> abi.ROUTE_POST["posted_bit"] == 1 and abi.unpack_route_post(word) == (expert, rows)
+    assert abi.unpack_route_post(0) is None
 
 
 @pytest.mark.parametrize("batch, live_tasks, order", [(1, 2, "random"), (2, 2, "reverse"), (3, 3, "random")])

@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--through", default=None, help="run up to the end of layer 0's wave of this name")
     ap.add_argument("--local-routing", action="store_true",
                     help="the expert tasks' producers route the layer themselves (StepShape.local_routing)")
+    ap.add_argument("--posted-routing", action="store_true",
+                    help="the top-k posts its work list and the expert tasks' producers poll it (StepShape.posted_routing)")
     ap.add_argument("--stages-in-flight", type=int, default=0,
                     help="the producer's cap on stages in flight (StepShape.stages_in_flight; 0: the batch's default)")
     args = ap.parse_args()
@@ -49,6 +51,7 @@ def main():
     inp = sim.step([11 + i for i in range(len(live))] + [None] * (batch - len(live)))
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
                                            attn_splits=args.splits, local_routing=args.local_routing or None,
+                                           posted_routing=args.posted_routing or None,
                                            stages_in_flight=args.stages_in_flight),
                            *w.intermediates())
     if args.through:

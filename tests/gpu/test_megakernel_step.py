@@ -39,7 +39,7 @@ def compare(got, expected, live):
 
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
              bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=None,
-             qkv_batch_split=0, o_batch_split=0, local_routing=None, stages_in_flight=0):
+             qkv_batch_split=0, o_batch_split=0, local_routing=None, stages_in_flight=0, posted_routing=None):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN.
     ``combine_in_norm`` None and ``qkv_batch_split`` / ``o_batch_split`` 0 take the layout's choice for the batch (StepShape's)."""
@@ -63,7 +63,8 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
                                            expert_claims=expert_claims, deal=deal, o_within_down=o_within_down,
                                            tiles=tiles, combine_in_norm=combine_in_norm,
                                            qkv_batch_split=qkv_batch_split, o_batch_split=o_batch_split,
-                                           local_routing=local_routing, stages_in_flight=stages_in_flight),
+                                           local_routing=local_routing, stages_in_flight=stages_in_flight,
+                                           posted_routing=posted_routing),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -218,6 +219,38 @@ def test_local_routing_matches_the_reference_and_the_top_ks_work_list_bit_for_bi
     _, plain = one_step(dims, w, lengths, batch, 0, local_routing=False)
     assert torch.equal(local.view("out"), plain.view("out"))
     print(f"batch {batch}, local routing: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal to the top-k's")
+
+
+@pytest.mark.parametrize("batch, lengths", [(1, [8192]), (3, [5000, 1]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])
+def test_posted_routing_posts_the_top_ks_work_list_and_matches_its_step_bit_for_bit(wide, batch, lengths):
+    """StepShape.posted_routing: the top-k stores its work list as posted words (abi.ROUTE_POST) and every expert
+    task's producer polls its slot's word instead of the top-k's barrier and the route buffer. The words the
+    step left in its barrier array are, on every MoE layer, the work list of the experts the route log says the
+    live rows chose (slots in expert order, rows ascending; a padding row at batch 3 and 8 routes nowhere), the
+    step matches the reference replaying that choice, and its output is bit-equal to the step on the top-k's
+    barrier."""
+    from vllm_megakernel.megakernel import abi, runtime
+
+    dims, w = wide
+    (cos, err), posted = one_step(dims, w, lengths, batch, 0, posted_routing=True)
+    _, plain = one_step(dims, w, lengths, batch, 0, posted_routing=False)
+    assert torch.equal(posted.view("out"), plain.view("out"))
+    chosen = runtime.routing_log(posted.workspace, dims, batch).cpu()
+    words = runtime.route_posts(posted).cpu().tolist()
+    for layer in range(dims.num_layers):
+        if dims.dense[layer]:
+            assert not any(words[layer]), f"layer {layer} is dense: nothing posted"
+            continue
+        rows = {}
+        for r in range(len(lengths)):  # the live rows; padding rows follow them
+            for k, e in enumerate(chosen[layer, r].tolist()):
+                rows.setdefault(e, []).append(r * dims.top_k + k)
+        head = words[layer][0] & ((1 << 63) - 1)
+        assert words[layer][0] < 0 and head == len(rows), f"layer {layer}: slot count word {words[layer][0]:#x}"
+        got = [abi.unpack_route_post(x) for x in words[layer][1:1 + head]]
+        assert got == [(e, rows[e]) for e in sorted(rows)], f"layer {layer}"
+        assert not any(words[layer][1 + head:]), f"layer {layer}: a dead slot's word was posted"
+    print(f"batch {batch}, posted routing: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal to the top-k's")
 
 
 @pytest.mark.parametrize("local_routing", [False, True])

@@ -21,9 +21,12 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 TASK_WORDS = 32
 NO_BARRIER = -1
+# A stall record's barrier when the wait that timed out was a producer's poll of a posted route word
+# (StepShape.posted_routing): its expected is the slot, its seen the layer's posted slot count (-1: not posted)
+POSTED_ROUTE_WAIT = -2
 
 
 class Op(enum.IntEnum):
@@ -145,11 +148,19 @@ STEP_FIELDS = (
     # top-k as ROUTER_TOPK, on one warp) instead of waiting for the top-k's work list (schedule.StepShape's
     # local_routing; batches up to KERNEL["local_routing_max_batch"])
     "local_routing",
+    # 1: the top-k posts each slot of its layer's work list as one 64-bit word that carries its own "posted"
+    # bit (ROUTE_POST), and every expert task's producer polls its slot's word instead of waiting on the
+    # top-k's barrier and then reading the route buffer (schedule.StepShape's posted_routing; batches up to
+    # KERNEL["posted_routing_max_batch"])
+    "posted_routing",
     # how many of the producer's stage-ring buffers may be in flight (issued, not landed) at once, 1 to
     # KERNEL["stages"] (the whole ring: no cap); schedule.StepShape's stages_in_flight
     "stages_in_flight",
     # route buffer offsets (int32 words): num_active at 0, then layout.route_offsets
     "route_expert_off", "route_count_off", "route_rows_off",
+    # the posted route words (uint64 [num_layers][1 + num_slots]: the layer's routed slot count, then each
+    # slot's; ROUTE_POST), in the step's barrier array, which the host zeroes before every launch
+    "route_posts",
     # model-wide weights
     "embed", "final_norm",
     # per-step inputs from vLLM's persistent buffers: int32 ids, int64 positions, int32 seq_lens
@@ -213,7 +224,16 @@ KERNEL = {
     "max_attn_splits": 128,  # the most splits per request (the combine's shared scratch is sized for it)
     # the most rows a step with local routing may have (the producer's routing scratch is sized for it)
     "local_routing_max_batch": 8,
+    # the most rows a step with posted routing may have (a slot's rows fit its posted word, ROUTE_POST)
+    "posted_routing_max_batch": 8,
 }
+
+# One posted route word (StepShape.posted_routing): zero until the top-k stores it (the host zeroes the
+# barrier array that holds them before every launch), then bit ``posted`` set and, for a slot: its expert in
+# the low ``expert_bits``, its row count in the next ``count_bits``, then its (token * K + k) rows ascending,
+# ``pair_bits`` each; for a layer's first word: its routed slot count in the low bits. One 64-bit store, so a
+# reader that sees the bit sees the whole word (naturally aligned 64-bit accesses are single-copy atomic).
+ROUTE_POST = {"expert_bits": 7, "count_bits": 4, "pair_bits": 6, "posted_bit": 63}
 
 for _op in Op:
     assert _op in OP_FIELDS, f"{_op.name} has no field list"
@@ -224,6 +244,32 @@ ROUTED_LEAD = ("slot", "first", "width", "claim")  # the first two are named per
 for _op in ROUTED_OPS:
     assert OP_FIELDS[_op][:4:3] == ("slot", "claim") and OP_FIELDS[_op][4:] == ROUTED_FIELDS, _op.name
 assert ROUTED_PAIR_WORDS >= KERNEL["register_batch"], "a slot's rows at the register batch fit the descriptor"
+_post_rows = KERNEL["posted_routing_max_batch"]
+assert MODEL["num_experts"] <= 1 << ROUTE_POST["expert_bits"] and _post_rows < 1 << ROUTE_POST["count_bits"]
+assert _post_rows * MODEL["top_k"] <= 1 << ROUTE_POST["pair_bits"], "a pair index fits its bits"
+assert ROUTE_POST["expert_bits"] + ROUTE_POST["count_bits"] + _post_rows * ROUTE_POST["pair_bits"] <= \
+    ROUTE_POST["posted_bit"], "a slot's word holds all its rows below the posted bit"
+
+
+def pack_route_post(expert: int, rows: list[int]) -> int:
+    """A slot's posted word (ROUTE_POST) as an unsigned 64-bit value: what the top-k stores."""
+    b = ROUTE_POST
+    word = 1 << b["posted_bit"] | expert | len(rows) << b["expert_bits"]
+    for j, pair in enumerate(rows):
+        word |= pair << (b["expert_bits"] + b["count_bits"] + j * b["pair_bits"])
+    return word
+
+
+def unpack_route_post(word: int) -> tuple[int, list[int]] | None:
+    """(expert, rows) of a slot's posted word, or None while it is not posted."""
+    b = ROUTE_POST
+    word &= (1 << 64) - 1
+    if not word >> b["posted_bit"] & 1:
+        return None
+    count = word >> b["expert_bits"] & ((1 << b["count_bits"]) - 1)
+    first = b["expert_bits"] + b["count_bits"]
+    mask = (1 << b["pair_bits"]) - 1
+    return word & ((1 << b["expert_bits"]) - 1), [word >> (first + j * b["pair_bits"]) & mask for j in range(count)]
 
 
 def field_index(op: Op, name: str) -> int:
@@ -278,6 +324,7 @@ def render_header() -> str:
         f"constexpr int kAbiVersion = {ABI_VERSION};",
         f"constexpr int kTaskWords = {TASK_WORDS};",
         f"constexpr int kNoBarrier = {NO_BARRIER};",
+        f"constexpr int kPostedRouteWait = {POSTED_ROUTE_WAIT};",
         "",
         "enum Op : int {",
     ]
@@ -312,6 +359,8 @@ def render_header() -> str:
     lines += [f"constexpr int k{_camel(name)} = {value};" for name, value in MODEL.items()]
     lines += ["", "// Block geometry and pipeline (abi.KERNEL)."]
     lines += [f"constexpr int k{_camel(name)} = {value};" for name, value in KERNEL.items()]
+    lines += ["", "// A posted route word (abi.ROUTE_POST)."]
+    lines += [f"constexpr int kPost{_camel(name)} = {value};" for name, value in ROUTE_POST.items()]
     lines += ["", "// Weight rows per pipeline stage of each GEMM (layout.rows_per_stage of its row length)."]
     lines += [f"constexpr int k{_camel(name)}StageRows = {rows};"
               for name, rows in layout.compiled_stage_rows().items()]

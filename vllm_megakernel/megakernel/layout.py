@@ -29,6 +29,7 @@ ATTN_LIVE_UP_TO_BATCH = 8  # ... at batch 1 to this (measured there; off above)
 DEFAULT_ATTN_MAX_TILES = 16  # ... as long as a split stays within this many tiles (256 tokens, 512 KB of K/V)
 MAX_ATTN_SPLITS = KERNEL["max_attn_splits"]
 LOCAL_ROUTING_MAX_BATCH = KERNEL["local_routing_max_batch"]
+POSTED_ROUTING_MAX_BATCH = KERNEL["posted_routing_max_batch"]
 
 
 def rows_per_stage(k: int, elem_bytes: int = 2) -> int:
@@ -290,6 +291,13 @@ def local_routing_for(batch: int) -> bool:
     return False
 
 
+def posted_routing_for(batch: int) -> bool:
+    """Whether the top-k posts its work list as one self-flagged word a slot that the expert tasks' producers
+    poll (schedule.StepShape's ``posted_routing``) instead of their waiting on its barrier and then reading the
+    route buffer: the routing hop loses the top-k's fence and one round trip to L2. Off until measured."""
+    return False
+
+
 def stages_in_flight_for(batch: int) -> int:
     """How many of the producer's ring buffers may be in flight at once (schedule.StepShape's
     ``stages_in_flight``; STAGES: the whole ring, no cap). A fence (the signaller's; before session AD also the
@@ -348,6 +356,13 @@ def route_offsets(dims, batch: int) -> dict[str, int]:
             "size": rows_end + dims.num_layers}
 
 
+def route_post_words(dims, batch: int) -> int:
+    """The posted route words of a step (uint64, abi.ROUTE_POST): per layer its routed slot count, then one word
+    per slot (StepShape.posted_routing). They live in the step's barrier array, after the barriers, so that the
+    host's zeroing of the barriers before every launch clears them too."""
+    return dims.num_layers * (1 + moe_slots(dims, batch))
+
+
 def workspace_spec(dims, batch: int, splits: int, moe_intermediate: int, dense_intermediate: int
                    ) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every workspace buffer of a ``batch``-row step: name -> (shape, dtype name). x, o and mlp hold two
@@ -379,7 +394,8 @@ def model_mismatches(dims, moe_intermediate: int, dense_intermediate: int) -> li
 
 __all__ = [
     "ATTN_TILE", "GemmTiles", "attn_live_splits_for", "attn_live_tasks_for", "attn_split_tiles", "attn_splits_for",
-    "combine_heads_for", "combine_place_for", "compiled_stage_rows", "local_routing_for", "stages_in_flight_for",
+    "combine_heads_for", "combine_place_for", "compiled_stage_rows", "local_routing_for", "posted_routing_for",
+    "route_post_words", "stages_in_flight_for",
     "fold_norm", "gemm_tiles", "model_mismatches", "moe_slots", "padded_rows", "route_offsets", "rows_per_stage",
     "visible_range", "workspace_spec",
 ]

@@ -103,6 +103,17 @@ def routing_log(workspace: dict[str, torch.Tensor], dims, batch: int) -> torch.T
     return workspace["route_log"].view(-1)[:n].view(dims.num_layers, batch, dims.top_k)
 
 
+def route_posts(step: DeviceStep) -> torch.Tensor:
+    """int64 [num_layers, 1 + num_slots]: the posted route words the last launch of a step with posted routing
+    stored (abi.ROUTE_POST; StepShape.posted_routing), viewed from its barrier array; decode with
+    abi.unpack_route_post (the first word of a layer: its routed slot count under the posted bit)."""
+    s = step.schedule
+    if not s.route_post_words:
+        raise ValueError(f"the batch-{s.shape.batch} step has no posted routing")
+    at = (s.num_barriers + 1) // 2 * 2
+    return step.barriers[at:].view(torch.int64).view(s.dims.num_layers, -1)
+
+
 def check_kv_cache(cache: torch.Tensor, layer: int) -> None:
     """The kernel copies 16-token K/V tiles of every KV head with bulk copies: within a block, tokens and
     heads must be contiguous, and every stride a multiple of 16 bytes."""
@@ -162,16 +173,22 @@ def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: D
         raise ValueError(f"inputs have batch {ids.shape[0]}, schedule {B}")
     keep = [ids, positions, seq_lens]
     route = layout.route_offsets(dims, B)
+    # the barriers, then (posted routing) the posted route words, 8-byte aligned (route_posts): launch()
+    # zeroes them all
+    posts_at = (schedule.num_barriers + 1) // 2 * 2
+    barriers = torch.zeros(posts_at + 2 * schedule.route_post_words, dtype=torch.int32, device=dev)
 
     step = {
         "batch": B, "num_slots": schedule.num_slots, "block_size": inputs.kv_caches[0].shape[2],
         "sliding_window": dims.sliding_window or 0, "attn_splits": S, "attn_min_tiles": shape.attn_min_tiles,
         "attn_live_splits": shape.attn_live_splits, "attn_max_tiles": shape.attn_max_tiles,
         "norm_topk_prob": int(dims.norm_topk_prob), "uniform_routing": int(uniform_routing),
-        "local_routing": int(shape.local_routing), "stages_in_flight": shape.stages_in_flight,
+        "local_routing": int(shape.local_routing), "posted_routing": int(shape.posted_routing),
+        "stages_in_flight": shape.stages_in_flight,
         "eps_f64": _f64_bits(dims.eps),
         "rope_theta_f64": _f64_bits(dims.rope_theta), "timeout_ns": int(timeout_s * 1e9),
         "route_expert_off": route["expert"], "route_count_off": route["count"], "route_rows_off": route["rows"],
+        "route_posts": _addr(barriers[posts_at:]) if schedule.route_post_words else 0,
         "embed": _addr(weights.embed), "final_norm": _addr(weights.final_norm),
         "input_ids": _addr(ids), "positions": _addr(positions), "seq_lens": _addr(seq_lens),
         **{name: _addr(t) for name, t in ws.items() if name != "route_log" or route_log},
@@ -208,7 +225,7 @@ def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: D
 
     return DeviceStep(
         schedule=schedule, step_table=step_table, layer_table=layer_table,
-        tasks=encoded.to(dev), barriers=torch.zeros(schedule.num_barriers, dtype=torch.int32, device=dev),
+        tasks=encoded.to(dev), barriers=barriers,
         error=error, workspace=ws, intermediates=(moe_i, dense_i), keepalive=keep,
         unsupported=layout.model_mismatches(dims, moe_i, dense_i), trace=trace_buf,
     )
@@ -244,15 +261,19 @@ def check(step: DeviceStep) -> None:
         return
     step.error.copy_(new_error_record(step.error.device))
     s = step.schedule
-    task = s.tasks[err["task_index"]] if 0 <= err["task_index"] < len(s.tasks) else None
+    task = s.tasks[err["task_index"]] if 0 <= err["task_index"] < s.num_tasks else None
     what = task.describe() if task else f"task {err['task_index']}"
     if task is not None and task.claim != abi.NO_BARRIER:  # it ran on the SM that claimed it, named below
         what += " (a claimed expert tile, dealt there)"
+    if err["barrier"] == abi.POSTED_ROUTE_WAIT:
+        seen = "not posted" if err["seen"] < 0 else f"{err['seen']} routed slots posted"
+        waited = f"polled layer {err['layer']}'s posted route for slot {err['expected']}: {seen}"
+    else:
+        waited = (f"waited on barrier {err['barrier']} ({s.barrier_name(err['barrier'])}): expected "
+                  f"{err['expected']}, saw {err['seen']}")
     raise MegakernelStallError(
         f"megakernel stalled in the batch-{s.shape.batch} step: {what} (opcode {abi.Op(err['opcode']).name}, "
-        f"layer {err['layer']}) on SM {err['sm']} "
-        f"waited on barrier {err['barrier']} ({s.barrier_name(err['barrier'])}): expected {err['expected']}, "
-        f"saw {err['seen']}"
+        f"layer {err['layer']}) on SM {err['sm']} {waited}"
     )
 
 

@@ -54,6 +54,7 @@ from vllm_megakernel.megakernel.abi import (
 from vllm_megakernel.reference import ModelDims
 
 Region = tuple  # a logical buffer region, e.g. ("q", tile) or ("kv", layer, tile), (..., slice) for a batch slice
+POSTED_ROUTES = "route_posts"  # (POSTED_ROUTES, layer): a layer's posted route words, read through Task.load_post
 
 # Orders of a layer's waves (each a topological order of the layer's dependencies; the dense prefix layer
 # skips the MoE-only waves). Tasks are dealt to SMs in this order, and each SM runs its list in order, so
@@ -137,7 +138,12 @@ class StepShape:
     the batch): every expert task's producer chooses the layer's experts itself from the router's scores, so
     the expert tasks wait on the router wave instead of the top-k (which still runs, for the MoE combine's
     weights, which the combine then waits for); up to layout.LOCAL_ROUTING_MAX_BATCH rows, with a MoE
-    combine wave (not combine_in_norm). ``stages_in_flight`` (0: layout.stages_in_flight_for the batch) caps the
+    combine wave (not combine_in_norm). ``posted_routing`` (None: layout.posted_routing_for the batch): the top-k
+    posts each slot of its work list as one self-flagged word (abi.ROUTE_POST) and every expert task's producer
+    polls its slot's word (``Task.load_post``) after waiting on the router wave, instead of waiting on the top-k's
+    barrier and then reading the route buffer; the MoE combine waits on the top-k for its weights, as with local
+    routing, under the same limits (layout.POSTED_ROUTING_MAX_BATCH rows, a MoE combine wave), and not with
+    local routing. ``stages_in_flight`` (0: layout.stages_in_flight_for the batch) caps the
     producer's stage-ring buffers in flight at once, 1 to layout.STAGES (the whole ring): a launch choice that
     changes when each SM's copies are issued, never what is computed."""
 
@@ -162,6 +168,7 @@ class StepShape:
     split_order: str | None = None
     combine_place: str | None = None
     local_routing: bool | None = None
+    posted_routing: bool | None = None
     stages_in_flight: int = 0
 
     def __post_init__(self):
@@ -209,6 +216,13 @@ class StepShape:
         if self.local_routing and (self.batch > layout.LOCAL_ROUTING_MAX_BATCH or self.combine_in_norm):
             raise ValueError(f"local_routing: up to batch {layout.LOCAL_ROUTING_MAX_BATCH} with a MoE combine wave "
                              f"(batch {self.batch}, combine_in_norm={self.combine_in_norm})")
+        if self.posted_routing is None:
+            object.__setattr__(self, "posted_routing", layout.posted_routing_for(self.batch) and not self.local_routing)
+        if self.posted_routing and (self.batch > layout.POSTED_ROUTING_MAX_BATCH or self.combine_in_norm
+                                    or self.local_routing):
+            raise ValueError(f"posted_routing: up to batch {layout.POSTED_ROUTING_MAX_BATCH} with a MoE combine wave, "
+                             f"without local_routing (batch {self.batch}, combine_in_norm={self.combine_in_norm}, "
+                             f"local_routing={self.local_routing})")
         if self.stages_in_flight == 0:
             object.__setattr__(self, "stages_in_flight", layout.stages_in_flight_for(self.batch))
         if not 1 <= self.stages_in_flight <= layout.STAGES:
@@ -255,6 +269,10 @@ class Task:
     writes: tuple[Region, ...]
     load_wait: int = NO_BARRIER  # barrier the producer waits on before the loads that depend on this step
     sm: int = -1
+    # the task whose posted words the producer polls after load_wait, before it completes this (routed)
+    # descriptor (StepShape.posted_routing: the layer's top-k); -1: none. A flag in the data, not a barrier:
+    # it orders the posted words alone (simulate.check_races), and the kernel derives it from the layer
+    load_post: int = -1
 
     @property
     def claim(self) -> int:
@@ -363,6 +381,11 @@ class Schedule:
         return len(self.barriers)
 
     @property
+    def route_post_words(self) -> int:
+        """uint64 words the posted routing needs after the barriers (layout.route_post_words); 0 without it."""
+        return layout.route_post_words(self.dims, self.shape.batch) if self.shape.posted_routing else 0
+
+    @property
     def sm_task_counts(self) -> tuple[int, ...]:
         return tuple(len(lst) for lst in self.sm_tasks)
 
@@ -382,6 +405,7 @@ class EncodedSchedule:
         self.num_slots, self.combine_heads = sched.num_slots, sched.combine_heads
         self.num_tasks, self.num_barriers, self.sm_task_counts = sched.num_tasks, sched.num_barriers, \
             sched.sm_task_counts
+        self.route_post_words = sched.route_post_words
         self._rebuild = rebuild
         self._full: Schedule | None = None
 
@@ -423,9 +447,9 @@ class _Builder:
         return len(self.barriers) - 1
 
     def task(self, op: Op, layer: int, wave: str, waits=(), signal=NO_BARRIER, reads=(), writes=(),
-             load_wait=NO_BARRIER, **fields: int) -> None:
+             load_wait=NO_BARRIER, load_post=-1, **fields: int) -> None:
         self.tasks.append(Task(len(self.tasks), op, layer, wave, fields, tuple(waits), signal,
-                               tuple(reads), tuple(writes), load_wait))
+                               tuple(reads), tuple(writes), load_wait, load_post=load_post))
 
 
 def _batch_slices(batch: int, k: int) -> list[tuple[int, int]]:
@@ -507,6 +531,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             norm_wave(layer, False, "norm", norm)
             in_waits, in_reads = (norm,), (("hn",),)
         bar: dict[str, int] = {}  # this layer's barriers, by the wave that signals them
+        posting = {"topk": -1}  # the task whose posted route words this layer's expert producers poll
 
         def router_wave():  # scores of tiles of experts; folded: its first task stores hn for the experts
             bar["router"] = b.barrier(f"{L}.router")
@@ -537,8 +562,10 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             # the down wave's barrier, made up by the top-k for the dead slots' skipped tiles (abi.py)
             bar["down"] = b.barrier(f"{L}.moe_down")
             b.task(Op.ROUTER_TOPK, layer, "router_topk", waits=(bar["router"],), signal=bar["route"],
-                   reads=(("scores", layer),), writes=(("route",), ("topk_w",)), down_barrier=bar["down"],
-                   down_tiles=layout.slot_tiles(H, tiles.moe_down_rows))
+                   reads=(("scores", layer),),
+                   writes=(("route",), ("topk_w",)) + (((POSTED_ROUTES, layer),) if shape.posted_routing else ()),
+                   down_barrier=bar["down"], down_tiles=layout.slot_tiles(H, tiles.moe_down_rows))
+            posting["topk"] = len(b.tasks) - 1 if shape.posted_routing else -1
 
         def attn_wave():
             bar["attn"] = _attn_partial_wave(b, layer, B, S, bar["qkv"], shape.split_order)
@@ -557,8 +584,8 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             for s in range(slots):  # slot-major: the order claims hand them out in
                 for t in range(moe_intermediate // n):
                     b.task(Op.MOE_UPGATE, layer, "mlp_up", waits=(route,), signal=bar["up"][s], load_wait=route,
-                           reads=(("hn",), routing_read), writes=(("act", s, t),), slot=s, col0=t * n, cols=n,
-                           claim=claim)
+                           load_post=posting["topk"], reads=(("hn",), routing_read), writes=(("act", s, t),), slot=s,
+                           col0=t * n, cols=n, claim=claim)
 
         def down_wave():
             if dense or not moe_in_norm(layer + 1):
@@ -574,15 +601,18 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             for s in range(slots):
                 for t in range(layout.slot_tiles(H, n)):  # every task's rows is n, the last one cut at H
                     b.task(Op.MOE_DOWN, layer, "mlp_down", waits=(bar["up"][s],), signal=bar["down"],
-                           load_wait=route, reads=(routing_read, ("act", s)), writes=(("eout", s, t),), slot=s,
-                           row0=t * n, rows=n, claim=claim)
+                           load_wait=route, load_post=posting["topk"], reads=(routing_read, ("act", s)),
+                           writes=(("eout", s, t),), slot=s, row0=t * n, rows=n, claim=claim)
 
         # What an expert task's producer waits on before it completes the descriptor, and what that reads:
-        # the top-k's work list, or with local routing the router's scores (the producer's own top-k).
-        routing_read = ("scores", layer) if shape.local_routing else ("route",)
+        # the top-k's work list; with local routing the router's scores (the producer's own top-k); with posted
+        # routing the top-k's posted words, polled after the router wave's barrier (which orders hn for the
+        # up/gate task's staged rows: the top-k's fence and barrier no longer stand between them).
+        routing_read = ("scores", layer) if shape.local_routing else \
+            (POSTED_ROUTES, layer) if shape.posted_routing else ("route",)
 
         def routing() -> int:
-            return bar["router"] if shape.local_routing else bar["route"]
+            return bar["router"] if shape.local_routing or shape.posted_routing else bar["route"]
 
         def combine_wave():
             bar["comb"] = _attn_combine_wave(b, layer, B, hq, heads_per_combine, bar["attn"])
@@ -601,8 +631,8 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             if moe_in_norm(layer + 1):  # the next norm sums the expert outputs: it waits on the down wave
                 bar["mlp"] = bar["down"]
                 return
-            # with local routing no expert task waited for the top-k, whose weights the combine reads
-            waits = (bar["down"], bar["route"]) if shape.local_routing else (bar["down"],)
+            # with local or posted routing no expert task waited for the top-k, whose weights the combine reads
+            waits = (bar["down"], bar["route"]) if shape.local_routing or shape.posted_routing else (bar["down"],)
             for t in range(H // combine_cols):
                 b.task(Op.MOE_COMBINE, layer, "moe_combine", waits=waits, signal=bar["mlp"],
                        reads=(("route",), ("topk_w",), ("eout",)),
@@ -619,19 +649,26 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
         prev_o, prev_mlp = bar["o"], bar["mlp"]
     norm_wave(dims.num_layers, True, "final_norm", NO_BARRIER)
     _check_claim_waves(b.tasks, moe_intermediate, H)
-    _check_routed_load_waits(b.tasks)
+    _check_routed_load_waits(b.tasks, shape.posted_routing)
     return _placed(b, dims, shape, tiles)
 
 
-def _check_routed_load_waits(tasks: list[Task]) -> None:
+def _check_routed_load_waits(tasks: list[Task], posted: bool) -> None:
     """What a producer's RoutingSeen relies on (csrc/ops/moe.cuh): every expert task of a layer waits on one
-    barrier, the layer's routing, so having waited for it at one place covers the layer's later places."""
+    barrier, the layer's routing, so having waited for it at one place covers the layer's later places. With
+    posted routing each of them polls its own layer's top-k, earlier in the step (the kernel finds the words
+    by the layer; nothing else names the task)."""
     first: dict[int, Task] = {}
     for t in tasks:
         if t.op in ROUTED_OPS:
             head = first.setdefault(t.layer, t)
             if t.load_wait != head.load_wait:  # (a load wait is always on the barrier's full target)
                 raise AssertionError(f"{t.describe()} waits on another barrier than {head.describe()}")
+            post = tasks[t.load_post] if 0 <= t.load_post < t.index else None
+            if posted != (t.load_post != -1) or posted and (post is None or post.op != Op.ROUTER_TOPK
+                                                            or post.layer != t.layer):
+                raise AssertionError(f"{t.describe()} polls task {t.load_post} with posted routing {posted}: "
+                                     f"it must poll its layer's earlier top-k exactly when the routing is posted")
 
 
 def _check_claim_waves(tasks: list[Task], moe_intermediate: int, hidden: int) -> None:

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from vllm_megakernel.megakernel import layout
-from vllm_megakernel.megakernel.abi import KERNEL, NO_BARRIER, ROUTED_OPS, Op
+from vllm_megakernel.megakernel.abi import KERNEL, NO_BARRIER, ROUTED_OPS, Op, pack_route_post, unpack_route_post
 from vllm_megakernel.megakernel.runtime import workspace_dtype
-from vllm_megakernel.megakernel.schedule import Schedule, Task
+from vllm_megakernel.megakernel.schedule import POSTED_ROUTES, Schedule, Task
 from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route, uniform_experts
 
 
@@ -104,6 +104,9 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     pcs = [0] * n  # the consumers' next place
     published = [0] * n  # places the producer has published (and claimed, where claiming)
     producer_blocked = [NO_BARRIER] * n  # the load_wait barrier a producer last stopped on
+    post_blocked = [-1] * n  # the task whose posted words a producer polls now (Task.load_post); -1: none
+    finished: set[int] = set()  # tasks that ran: their posted words are stored
+    producers_polling: dict[int, list[int]] = defaultdict(list)  # task -> SMs whose producer polls its posts
     claimed_place = [-1] * n  # the last place each producer took a claim for
     exhausted: list[set[int]] = [set() for _ in range(n)]  # counters that handed the producer a dead tile
     made_up = {t.fields["down_barrier"] for t in schedule.tasks
@@ -124,7 +127,7 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
     def advance(sm: int) -> None:
         """The producer takes places until its lookahead or an incomplete load_wait stops it."""
         nonlocal skipped
-        if not complete(producer_blocked[sm]):
+        if not complete(producer_blocked[sm]) or post_blocked[sm] != -1:
             return
         reach = DESC_SLOTS if order == "round_robin" else 1 if order == "reverse" else rng.randint(1, DESC_SLOTS)
         lst = lists[sm]
@@ -144,6 +147,11 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
             if routed and not complete(task.load_wait):
                 producer_blocked[sm] = task.load_wait
                 producers_waiting[task.load_wait].append(sm)
+                return
+            # posted routing: then it polls the top-k's words (data and flag in one store: nothing to count)
+            if routed and task.load_post != -1 and task.load_post not in finished:
+                post_blocked[sm] = task.load_post
+                producers_polling[task.load_post].append(sm)
                 return
             if routed and live_slots is not None and task.fields["slot"] >= live_slots(task.layer):
                 lst.pop(place)  # a dead slot's task: not published; the next place moves up
@@ -194,7 +202,7 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
         park(sm)
     while remaining - skipped:
         if not ready:
-            raise Deadlock(_deadlock_report(schedule, lists, pcs, counts, published, producer_blocked))
+            raise Deadlock(_deadlock_report(schedule, lists, pcs, counts, published, producer_blocked, post_blocked))
         if order == "random":
             sm = rng.choice(sorted(ready))
         elif order == "reverse":
@@ -215,6 +223,13 @@ def run(schedule: Schedule, execute: Callable[[Task], None] | None = None, order
         pcs[sm] += 1
         remaining -= 1
         done.append(task.index)
+        finished.add(task.index)
+        for other in producers_polling.pop(task.index, []):  # its posted words are in: they read them
+            post_blocked[other] = -1
+            if published[other] <= pcs[other]:
+                park(other)
+            else:
+                advance(other)
         park(sm)
     for counter, wave in claimable.items():  # tiles no place claimed: dead ones only, unsignalled
         for i in wave[claimed[counter]:]:
@@ -269,15 +284,22 @@ def _check_producer_waits(schedule: Schedule) -> None:
             if last_signaller[b] >= t.index:
                 raise Deadlock(f"the producer of {t.describe()} would wait on {schedule.barrier_name(b)}, which "
                                f"task {last_signaller[b]} (not earlier in the step) signals")
+        if t.load_post >= t.index:
+            raise Deadlock(f"the producer of {t.describe()} would poll the posted words of task {t.load_post}, "
+                           f"which is not earlier in the step")
 
 
 def _deadlock_report(schedule: Schedule, lists: list[list[int]], pcs: list[int], counts: list[int],
-                     published: list[int], producer_blocked: list[int]) -> str:
+                     published: list[int], producer_blocked: list[int], post_blocked: list[int]) -> str:
     lines = []
     for sm, pc in enumerate(pcs):
         if pc >= len(lists[sm]):
             continue
         task = schedule.tasks[lists[sm][pc]]
+        if published[sm] <= pc and post_blocked[sm] != -1:
+            lines.append(f"the producer of SM {sm} polls the posted words of task {post_blocked[sm]} before "
+                         f"publishing {task.describe()}")
+            continue
         if published[sm] <= pc:
             b = producer_blocked[sm]
             lines.append(f"the producer of SM {sm} waits on {schedule.barrier_name(b)} before publishing "
@@ -399,6 +421,9 @@ def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0,
             reads_by_prefix[r].append(t.index)
     for key, writers in writes.items():
         readers = [i for n in range(1, len(key) + 1) for i in reads_by_prefix.get(key[:n], ())]
+        if key[0] == POSTED_ROUTES:  # a flag in the data, no barrier: read only by the producers that poll it
+            _check_posted(schedule, key, writers, readers)
+            continue
         events = sorted([(topo[i], i, True) for i in writers] + [(topo[i], i, False) for i in readers])
         last_writer = None
         pending: list[int] = []  # readers since the last writer
@@ -415,6 +440,18 @@ def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0,
                     _race(schedule, key, last_writer, i)
                 pending.append(i)
     _check_expert_rows_across_layers(schedule, hb, ran)
+
+
+def _check_posted(schedule: Schedule, key: tuple, writers: list[int], readers: list[int]) -> None:
+    """Posted words (StepShape.posted_routing) are written once a step, by one task, each in one store that
+    carries its own flag, and read only by producers that poll them until the flag is set (``Task.load_post``):
+    such a read needs no barrier edge. Another writer, or a reader that does not poll its writer, is a race."""
+    if len(writers) != 1:
+        raise RaceError(f"{key} is written by {len(writers)} tasks; posted words have one writer a step")
+    for r in readers:
+        if schedule.tasks[r].load_post != writers[0]:
+            raise RaceError(f"{schedule.tasks[r].describe()} reads {key} without polling "
+                            f"{schedule.tasks[writers[0]].describe()}, which posts them")
 
 
 EXPERT_ROW_BUFFERS = ("act", "eout")  # rows r * top_k + k, held by whichever slot routes them that layer
@@ -486,6 +523,9 @@ class Numerics:
         self.live = inputs.seq_lens > 0
         # local routing (StepShape.local_routing): each layer's choice as the producers make it from its scores
         self._local: dict[int, tuple[torch.Tensor, list[int], list[list[int]]]] = {}
+        # posted routing (StepShape.posted_routing): each layer's posted words as the top-k stores them
+        # (abi.pack_route_post), its routed slot count first; the expert tasks decode their slot's
+        self.posts: dict[int, list[int]] = {}
 
     # -- the kernel's workspace: every buffer is a flat prefix laid out for this schedule's batch and splits;
     # the route buffer is kept as the expert list it encodes (slot_expert, slot_rows)
@@ -703,8 +743,12 @@ class Numerics:
         return weights, slot_expert, [rows[e] for e in slot_expert]
 
     def _work_list(self, layer: int) -> tuple[list[int], list[list[int]]]:
-        """What an expert task of ``layer`` runs on: the top-k's work list (the route buffer), or with local
-        routing its producer's own, from the layer's scores."""
+        """What an expert task of ``layer`` runs on: the top-k's work list (the route buffer), with posted
+        routing the layer's posted words decoded, or with local routing its producer's own, from the layer's
+        scores."""
+        if self.s.shape.posted_routing:
+            slots = [unpack_route_post(w) for w in self.posts[layer][1:1 + self.posts[layer][0]]]
+            return [e for e, _ in slots], [rows for _, rows in slots]
         if not self.s.shape.local_routing:
             return self.slot_expert, self.slot_rows
         if layer not in self._local:
@@ -720,6 +764,9 @@ class Numerics:
         weights, self.slot_expert, self.slot_rows = self._routing(layer)
         self.topk_w[:] = weights
         self.layer_active[layer] = len(self.slot_expert)
+        if self.s.shape.posted_routing:
+            self.posts[layer] = [len(self.slot_expert)] + [pack_route_post(e, rows) for e, rows in
+                                                          zip(self.slot_expert, self.slot_rows)]
 
     def moe_upgate(self, layer: int, slot: int, col0: int, cols: int) -> None:
         slot_expert, slot_rows = self._work_list(layer)
