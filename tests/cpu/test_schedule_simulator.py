@@ -1223,6 +1223,17 @@ def test_only_batch_2_places_its_combines_on_empty_splits_by_default():
     assert StepShape(batch=2, num_sms=132, combine_place="round_robin").combine_place == "round_robin"
 
 
+def _computes_the_plain_step(sched, plain, weights, inp, order, seed, uniform):
+    """One step through ``sched`` is bit-equal to the same step through ``plain`` (the top-k's work list on its
+    barrier) and matches the reference."""
+    dims = sched.dims
+    got = simulate.decode_step(sched, weights, clone_inputs(inp), order=order, seed=seed, uniform_routing=uniform)
+    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=seed, uniform_routing=uniform)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    expected = ref.decode_step(dims, weights, clone_inputs(inp), uniform_routing=uniform)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("batch, order, uniform", [(1, "random", False), (3, "reverse", False), (4, "random", True),
                                                    (8, "random", False)])
 def test_local_routing_waits_on_the_router_wave_and_computes_the_same_step(dims, weights, batch, order, uniform):
@@ -1256,11 +1267,7 @@ def test_local_routing_waits_on_the_router_wave_and_computes_the_same_step(dims,
     assert expert and all(t.fields["slot"] < live[t.layer] for t in expert)
     if batch > 1:
         assert any(n < moe_slots(dims, batch) for n in live.values())  # some slots dead, skipped
-    got = simulate.decode_step(local, weights, clone_inputs(inp), order=order, seed=batch, uniform_routing=uniform)
-    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch, uniform_routing=uniform)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
-    expected = ref.decode_step(dims, weights, clone_inputs(inp), uniform_routing=uniform)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    _computes_the_plain_step(local, plain, weights, inp, order, batch, uniform)
 
 
 def test_local_routing_keeps_every_layers_scores_and_is_refused_where_the_kernel_has_no_form(dims):
@@ -1320,11 +1327,7 @@ def test_posted_routing_polls_the_layers_top_k_and_computes_the_same_step(dims, 
     assert expert and all(t.fields["slot"] < numerics.posts[t.layer][0] for t in expert)
     if batch > 1:
         assert any(words[0] < moe_slots(dims, batch) for words in numerics.posts.values())  # dead slots, skipped
-    got = simulate.decode_step(posted, weights, clone_inputs(inp), order=order, seed=batch, uniform_routing=uniform)
-    want = simulate.decode_step(plain, weights, clone_inputs(inp), order=order, seed=batch, uniform_routing=uniform)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
-    expected = ref.decode_step(dims, weights, clone_inputs(inp), uniform_routing=uniform)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    _computes_the_plain_step(posted, plain, weights, inp, order, batch, uniform)
 
 
 def test_a_posted_word_read_without_polling_its_writer_or_written_twice_is_a_race_and_a_later_writer_deadlocks(dims):
