@@ -294,7 +294,10 @@ def local_routing_for(batch: int) -> bool:
 def posted_routing_for(batch: int) -> bool:
     """Whether the top-k posts its work list as one self-flagged word a slot that the expert tasks' producers
     poll (schedule.StepShape's ``posted_routing``) instead of their waiting on its barrier and then reading the
-    route buffer: the routing hop loses the top-k's fence and one round trip to L2. Off until measured."""
+    route buffer: the routing hop loses the top-k's fence and one round trip to L2. Measured no faster (the kernel
+    alone, 8K, one process a batch, outputs bit-equal: +0.19 / -0.11 / +0.25 / +0.30% at batch 1 / 2 / 4 / 8; the hop
+    from the top-k's end to the first up/gate task 1.8 -> 0.6 us at batch 1, but the layer's end came later;
+    benchmarks/results/h200-2026-12-04-v2-session-ae, call 4): off, a schedule choice to compare."""
     return False
 
 
