@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# Next session, kernel alone (no vLLM, no stash calls; carry vllm_megakernel/_C*.so built from main and .sanitizer/),
-# PERF_LOG #151: posted routing (pr) and local routing (lr) again, now that the MoE combine checks the top-k's
-# barrier before the down wave's (session AE's call 4 ran pr with the other order: +0.19% at batch 1, the combine
-# ending the layer 0.9 us later), in order of need, each stage only while the call's time allows it:
-# (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main against pr and lr;
+# Next session, kernel alone (no vLLM, no stash calls; carry variants/ with base.so and jw.so, built on the CPU
+# machine from main by
+#   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base jw=benchmarks/candidates/joint-input-waits.patch
+# and .sanitizer/), PERF_LOG #151 and #152: posted routing (pr) and local routing (lr) again, now that the MoE
+# combine checks the top-k's barrier before the down wave's (session AE's call 4 ran pr with the other order: +0.19%
+# at batch 1, the combine ending 0.9 us further behind the down wave), and jw (the consumer leader polls a task's
+# two input barriers together), in order of need, each stage only while the call's time allows it:
+# (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main against pr, lr and jw;
 # (2) compute-sanitizer memcheck / racecheck / synccheck on the posted-routing case (session AE's was cut by its
-# 75 s limit after two runs); (3) the A/B at batch 2 and 8 (pr); (4) kernel_profile at batch 1 of the default and
-# posted_routing=1 in one run (the combine's end against the down wave's, the layer). `bash call-posted-routing.sh
-# [SECONDS]` (default 480; all of it ~400 s).
+# 75 s limit after two runs); (3) the A/B at batch 2 and 8 (pr, jw); (4) kernel_profile at batch 1 of the default and
+# posted_routing=1 in one run (the combine's end against the down wave's, the layer); (5) jw's kernel tests.
+# `bash call-posted-routing.sh [SECONDS]` (default 560; all of it ~520 s).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-480}
+res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-560}
 left() { echo $(( limit - ($(date +%s) - start) )); }
 stamp() { echo "$1 rc=$2 ($(( $(date +%s) - start )) s)"; }
-so=$(ls vllm_megakernel/_C*.so)
+so=variants/base.so
+cp $so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so  # the sanitizer and kernel_profile import the package's own
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
-run() {  # NAME BATCH SECONDS VARIANT=SCHEDULE...: one process, main against each schedule, with an A/A control
+run() {  # NAME BATCH SECONDS VARIANT=SCHEDULE...: one process, main against jw and each schedule, A/A control
   local name=$1 b=$2 lim=$3; shift 3
   [ $(left) -lt $(( lim + 5 )) ] && { echo "$name: skipped, $(left) s left"; return; }
-  local args=(--variant base=$so)
+  local args=(--variant base=$so --variant jw=variants/jw.so)
   for v in "$@"; do args+=(--variant "${v%%=*}=$so@${v#*=}"); done
   timeout -k 5 $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
     --rounds 6 --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
@@ -38,5 +42,11 @@ if [ $(left) -gt 70 ]; then
     --schedules "default;posted_routing=1" --out $res/profile > $res/profile.log 2>&1
   stamp profile $?; grep -A4 "^| batch | context" $res/profile/report.md | head -5
   grep -E "^\| (mlp_down|o_proj|moe_combine|router_topk|mlp_up) \| [0-9]" $res/profile/report.md
+fi
+if [ $(left) -gt 120 ]; then  # jw's kernel tests (stall reports included), for landing it if it won (~105 s)
+  cp variants/jw.so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
+  timeout -k 5 $(( $(left) - 8 )) python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_each_opcode.py \
+    tests/gpu/test_megakernel_step.py > $res/kernel-tests-jw.txt 2>&1
+  stamp kernel-tests-jw $?; tail -1 $res/kernel-tests-jw.txt; grep -E "^(FAILED|ERROR)" $res/kernel-tests-jw.txt | head -8
 fi
 cd $OUT && tar czf r.tgz r && rm -rf r
