@@ -9,7 +9,9 @@
 # (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main against pr, lr and jw;
 # (2) compute-sanitizer memcheck / racecheck / synccheck on the posted-routing case (session AE's was cut by its
 # 75 s limit after two runs); (3) the A/B at batch 2 and 8 (pr, jw); (4) kernel_profile at batch 1 of the default and
-# posted_routing=1 in one run (the combine's end against the down wave's, the layer); (5) jw's kernel tests.
+# posted_routing=1 in one run (the combine's end against the down wave's, the layer), and qkv_rows=32 (160 QKV
+# tasks: 28 SMs run two in a row, so the profile's previous-opcode table has QKV's inputs phase after a QKV task,
+# the instruction cache warm, beside after another opcode: PERF_LOG #153); (5) jw's kernel tests.
 # `bash call-posted-routing.sh [SECONDS]` (default 560; all of it ~520 s).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -37,11 +39,12 @@ if [ $(left) -gt 160 ]; then  # session AE: two of the three tool runs took most
 fi
 run b2 2 50 pr=posted_routing=1
 run b8 8 70 pr=posted_routing=1
-if [ $(left) -gt 70 ]; then
-  timeout -k 5 65 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
-    --schedules "default;posted_routing=1" --out $res/profile > $res/profile.log 2>&1
+if [ $(left) -gt 85 ]; then
+  timeout -k 5 80 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
+    --schedules "default;posted_routing=1;qkv_rows=32" --out $res/profile > $res/profile.log 2>&1
   stamp profile $?; grep -A4 "^| batch | context" $res/profile/report.md | head -5
   grep -E "^\| (mlp_down|o_proj|moe_combine|router_topk|mlp_up) \| [0-9]" $res/profile/report.md
+  grep -E "^\| qkv \| [0-9]+ \| [0-9-]" $res/profile/report.md  # qkv after its own opcode / after another
 fi
 if [ $(left) -gt 120 ]; then  # jw's kernel tests (stall reports included), for landing it if it won (~105 s)
   cp variants/jw.so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
