@@ -384,13 +384,14 @@ def test_a_stalled_barrier_is_reported_not_hung(wide, victim_op):
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("batch", [2, 16])
-def test_aborts_at_any_moment_are_reported_not_hung(wide, batch):
+@pytest.mark.parametrize("batch, posted", [(2, False), (16, False), (2, True)])
+def test_aborts_at_any_moment_are_reported_not_hung(wide, batch, posted):
     """Timeouts shorter than a correct step's own waits make the kernel abort wherever the first wait runs
     out, with stages and descriptors in flight on many SMs: the moment a consumer warp could give up on a
     stage another warp then sees land, and wait at a named barrier for it forever. Every launch must end
     (the test's own end is the check), those with timeouts of a few microseconds with a stall report (a
-    layer's first tasks alone wait longer), and a correct step runs on the device afterwards."""
+    layer's first tasks alone wait longer), and a correct step runs on the device afterwards. With posted
+    routing the expert tasks' producers give up in their polls of the top-k's words too."""
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
     from vllm_megakernel.paged_kv import PagedKVSim
@@ -399,7 +400,7 @@ def test_aborts_at_any_moment_are_reported_not_hung(wide, batch):
     sim = PagedKVSim(dims, num_requests=batch, max_len=2048, block_size=16, dtype=torch.bfloat16, device="cuda")
     sim.fill_history([1500] * batch, generator=torch.Generator().manual_seed(3))
     inp = sim.step(list(range(1, batch + 1)))
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132), *w.intermediates())
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132, posted_routing=posted), *w.intermediates())
     stalled = []
     for timeout in [1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5] * 5:
         try:
