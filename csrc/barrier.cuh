@@ -45,6 +45,27 @@ __device__ inline void report_stall(int* error, const int* desc, int barrier, in
   }
 }
 
+// Every bounded wait of one thread: polls `done()` at once, then every ~20 ns, until it returns true. Each poll
+// is one round trip to L2. The error word (another SM's abort) and the clock (this wait's own timeout) are read on
+// every 16th poll only: read on every poll, the error word was a second round trip in series with the counter's,
+// which every wait on a layer's critical path paid. Past the timeout `stalled()` records the wait; false when
+// the step was aborted (by this wait or another SM's).
+template <class Done, class Stalled>
+__device__ __forceinline__ bool poll_bounded(Done done, Stalled stalled, const int* error, long long timeout_ns) {
+  if (done()) return true;
+  const unsigned long long start = global_timer_ns();
+  for (unsigned polls = 1;; ++polls) {
+    __nanosleep(20);
+    if (done()) return true;
+    if (polls % 16) continue;
+    if (aborted(error)) return false;
+    if ((long long)(global_timer_ns() - start) > timeout_ns) {
+      stalled();
+      return false;
+    }
+  }
+}
+
 // Called by ONE thread. Returns false when the step was aborted (by this wait or another SM's). Every poll is
 // an acquire load (ld.acquire.gpu: the load, then an L1 invalidation), and the one that sees the count
 // synchronizes with every signaller: the count is the last write of a release sequence of relaxed reductions,
@@ -56,23 +77,9 @@ __device__ inline bool wait_barrier(int* barriers, int barrier, int count, int* 
                                     const int* desc) {
   if (barrier == abi::kNoBarrier) return true;
   cuda::atomic_ref<int, cuda::thread_scope_device> ctr(barriers[barrier]);
-  int seen = ctr.load(cuda::memory_order_acquire);
-  if (seen >= count) return true;
-  const unsigned long long start = global_timer_ns();
-  // Each poll is one round trip to L2 for the counter. The error word (another SM's abort) and the clock
-  // (this wait's own timeout) are read on every 16th poll only: read on every poll, the error word was a
-  // second round trip in series with the counter's, which every wait on a layer's critical path paid.
-  for (unsigned polls = 1;; ++polls) {
-    __nanosleep(20);
-    seen = ctr.load(cuda::memory_order_acquire);
-    if (seen >= count) return true;
-    if (polls % 16) continue;
-    if (aborted(error)) return false;
-    if ((long long)(global_timer_ns() - start) > timeout_ns) {
-      report_stall(error, desc, barrier, count, seen);
-      return false;
-    }
-  }
+  int seen = 0;
+  return poll_bounded([&] { return (seen = ctr.load(cuda::memory_order_acquire)) >= count; },
+                      [&] { report_stall(error, desc, barrier, count, seen); }, error, timeout_ns);
 }
 
 // Called by ONE thread (the signaller) after its release_fence(), which follows every writer's writes through

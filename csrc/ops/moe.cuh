@@ -109,43 +109,43 @@ __device__ __forceinline__ int first_unskipped(const int* my_tasks, int from, in
 // (given: >= 0, when the layer is known), and, for a live slot, the slot's word. A poll's two loads go out
 // together: one round trip. They are relaxed: each word carries its own posted bit, and nothing else the top-k
 // wrote is read on the strength of it (the up/gate task's staged hn rows are ordered by the router wave's
-// barrier, the load wait before this). Bounded like wait_barrier; false on an abort or a timeout (recorded with
+// barrier, the load wait before this). Bounded (poll_bounded, as wait_barrier); false on an abort or a timeout (recorded with
 // abi::kPostedRouteWait, the slot, and the slot count seen, -1 while the layer's head word was not posted).
 __device__ __forceinline__ bool poll_route_post(Producer& p, int layer, int slot, int& active,
                                                 unsigned long long& word, const int* desc) {
   using Word = cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>;
   unsigned long long* posts = p.st.route_posts(layer);
   unsigned long long head = active >= 0 ? topk::kPosted | (unsigned long long)active : 0ull;
-  unsigned long long start = 0;
-  for (unsigned polls = 0;; ++polls) {
-    if (!(head & topk::kPosted)) head = Word(posts[0]).load(cuda::memory_order_relaxed);
-    word = Word(posts[1 + slot]).load(cuda::memory_order_relaxed);
-    if (head & topk::kPosted) {
-      active = (int)(head & ~topk::kPosted);
-      if (slot >= active || (word & topk::kPosted)) return true;  // a dead slot's word is never posted
-    }
-    if (polls == 0) start = global_timer_ns();
-    __nanosleep(20);
-    if (polls % 16 != 15) continue;  // the error word and the clock every 16th poll, as wait_barrier
-    if (aborted(p.error)) break;
-    if ((long long)(global_timer_ns() - start) > p.timeout_ns) {
-      report_stall(p.error, desc, abi::kPostedRouteWait, slot, head & topk::kPosted ? active : -1);
-      break;
-    }
-  }
-  p.stages.p.abort = 1;
-  return false;
+  const bool ok = poll_bounded(
+      [&] {
+        if (!(head & topk::kPosted)) head = Word(posts[0]).load(cuda::memory_order_relaxed);
+        word = Word(posts[1 + slot]).load(cuda::memory_order_relaxed);
+        if (!(head & topk::kPosted)) return false;
+        active = (int)(head & ~topk::kPosted);
+        return slot >= active || (word & topk::kPosted) != 0;  // a dead slot's word is never posted
+      },
+      [&] { report_stall(p.error, desc, abi::kPostedRouteWait, slot, head & topk::kPosted ? active : -1); },
+      p.error, p.timeout_ns);
+  if (!ok) p.stages.p.abort = 1;
+  return ok;
 }
 
 // A slot's (expert, count, rows) from its posted word into the descriptor's routed words.
 __device__ __forceinline__ void routed_words_from_post(int* desc, unsigned long long word) {
-  constexpr int first = abi::kPostExpertBits + abi::kPostCountBits;
-  const int count = (int)(word >> abi::kPostExpertBits) & ((1 << abi::kPostCountBits) - 1);
-  desc[abi::F_ROUTED_EXPERT] = (int)word & ((1 << abi::kPostExpertBits) - 1);
+  const int count = topk::route_post_count(word);
+  desc[abi::F_ROUTED_EXPERT] = topk::route_post_expert(word);
   desc[abi::F_ROUTED_COUNT] = count;
 #pragma unroll
-  for (int j = 0; j < abi::kRoutedPairWords; ++j)
-    desc[abi::F_ROUTED_PAIR0 + j] = j < count ? (int)(word >> (first + j * abi::kPostPairBits)) & ((1 << abi::kPostPairBits) - 1) : 0;
+  for (int j = 0; j < abi::kRoutedPairWords; ++j) desc[abi::F_ROUTED_PAIR0 + j] = j < count ? topk::route_post_pair(word, j) : 0;
+}
+
+// The consumers' input wait on the routing, when it is the barrier this producer thread acquired as the task's
+// load wait: already satisfied (the consumers see the descriptor after this), so dropped, sparing the consumer
+// leader a round trip to L2.
+__device__ __forceinline__ void drop_acquired_routing_wait(int* desc) {
+  if (desc[abi::F_WAIT0_BARRIER] == desc[abi::F_LOAD_WAIT_BARRIER] &&
+      desc[abi::F_WAIT0_COUNT] <= desc[abi::F_LOAD_WAIT_COUNT])
+    desc[abi::F_WAIT0_BARRIER] = abi::kNoBarrier;
 }
 
 // The producer warp's completion of a routed (expert) task's descriptor, in place in the descriptor ring;
@@ -194,11 +194,7 @@ __device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, LocalR
       if (!poll_route_post(p, layer, slot, active, post, desc)) {
         live = -1;
       } else if (slot < active) {
-        // the consumers' wait on the routing, dropped as below: here the router wave's, which this thread
-        // acquired (the load wait)
-        if (desc[abi::F_WAIT0_BARRIER] == desc[abi::F_LOAD_WAIT_BARRIER] &&
-            desc[abi::F_WAIT0_COUNT] <= desc[abi::F_LOAD_WAIT_COUNT])
-          desc[abi::F_WAIT0_BARRIER] = abi::kNoBarrier;
+        drop_acquired_routing_wait(desc);  // the router wave's here
         routed_words_from_post(desc, post);
       }
     }
@@ -216,11 +212,7 @@ __device__ __forceinline__ Routed complete_routed_descriptor(Producer& p, LocalR
       int pair[abi::kRoutedPairWords];
 #pragma unroll
       for (int j = 0; j < abi::kRoutedPairWords; ++j) pair[j] = j < B ? rows[j] : 0;
-      // An input wait on the routing is already satisfied (this thread acquired it, and the consumers see
-      // the descriptor after this): drop it, sparing the consumer leader a round trip to L2.
-      if (desc[abi::F_WAIT0_BARRIER] == desc[abi::F_LOAD_WAIT_BARRIER] &&
-          desc[abi::F_WAIT0_COUNT] <= desc[abi::F_LOAD_WAIT_COUNT])
-        desc[abi::F_WAIT0_BARRIER] = abi::kNoBarrier;
+      drop_acquired_routing_wait(desc);
       desc[abi::F_ROUTED_EXPERT] = expert;
       desc[abi::F_ROUTED_COUNT] = count;
 #pragma unroll

@@ -95,14 +95,24 @@ __device__ __forceinline__ void choose_uniform_row(int* row, int layer, long lon
   }
 }
 
-// A slot's posted word (abi.ROUTE_POST) before its rows: the posted bit, the expert and the row count; row
-// `at` of the slot is or-ed in by route_post_row.
+// A slot's posted word (abi.ROUTE_POST), written and read here only: before its rows, the posted bit, the
+// expert and the row count; row `at` of the slot is or-ed in by route_post_row.
 constexpr unsigned long long kPosted = 1ull << abi::kPostPostedBit;
+constexpr int kPostFirstPair = abi::kPostExpertBits + abi::kPostCountBits;  // bit of a slot's row 0
 __device__ __forceinline__ unsigned long long route_post_head(int expert, int count) {
   return kPosted | (unsigned long long)expert | (unsigned long long)count << abi::kPostExpertBits;
 }
 __device__ __forceinline__ unsigned long long route_post_row(int at, int pair) {
-  return (unsigned long long)pair << (abi::kPostExpertBits + abi::kPostCountBits + at * abi::kPostPairBits);
+  return (unsigned long long)pair << (kPostFirstPair + at * abi::kPostPairBits);
+}
+__device__ __forceinline__ int route_post_expert(unsigned long long word) {
+  return (int)word & ((1 << abi::kPostExpertBits) - 1);
+}
+__device__ __forceinline__ int route_post_count(unsigned long long word) {
+  return (int)(word >> abi::kPostExpertBits) & ((1 << abi::kPostCountBits) - 1);
+}
+__device__ __forceinline__ int route_post_pair(unsigned long long word, int at) {
+  return (int)(word >> (kPostFirstPair + at * abi::kPostPairBits)) & ((1 << abi::kPostPairBits) - 1);
 }
 
 // The layer's expert work list from its chosen pairs (chosen[p], p = row * K + k; -1: not routed): each

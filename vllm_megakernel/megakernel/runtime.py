@@ -103,6 +103,12 @@ def routing_log(workspace: dict[str, torch.Tensor], dims, batch: int) -> torch.T
     return workspace["route_log"].view(-1)[:n].view(dims.num_layers, batch, dims.top_k)
 
 
+def _route_posts_at(schedule: Schedule | EncodedSchedule) -> int:
+    """int32 word of the step's barrier array where the posted route words start: after the barriers, 8-byte
+    aligned."""
+    return (schedule.num_barriers + 1) // 2 * 2
+
+
 def route_posts(step: DeviceStep) -> torch.Tensor:
     """int64 [num_layers, 1 + num_slots]: the posted route words the last launch of a step with posted routing
     stored (abi.ROUTE_POST; StepShape.posted_routing), viewed from its barrier array; decode with
@@ -110,8 +116,7 @@ def route_posts(step: DeviceStep) -> torch.Tensor:
     s = step.schedule
     if not s.route_post_words:
         raise ValueError(f"the batch-{s.shape.batch} step has no posted routing")
-    at = (s.num_barriers + 1) // 2 * 2
-    return step.barriers[at:].view(torch.int64).view(s.dims.num_layers, -1)
+    return step.barriers[_route_posts_at(s):].view(torch.int64).view(s.dims.num_layers, -1)
 
 
 def check_kv_cache(cache: torch.Tensor, layer: int) -> None:
@@ -173,9 +178,8 @@ def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: D
         raise ValueError(f"inputs have batch {ids.shape[0]}, schedule {B}")
     keep = [ids, positions, seq_lens]
     route = layout.route_offsets(dims, B)
-    # the barriers, then (posted routing) the posted route words, 8-byte aligned (route_posts): launch()
-    # zeroes them all
-    posts_at = (schedule.num_barriers + 1) // 2 * 2
+    # the barriers, then (posted routing) the posted route words (route_posts): launch() zeroes them all
+    posts_at = _route_posts_at(schedule)
     barriers = torch.zeros(posts_at + 2 * schedule.route_post_words, dtype=torch.int32, device=dev)
 
     step = {
