@@ -16,6 +16,7 @@
 // producer, the consumers and the signaller learn of each other's aborts in their ring waits, which is
 // where they would otherwise wait forever. The consumer warps give up all at the same ring position, the
 // first the producer did not fill before it left (pipeline.cuh), so none is left at a named barrier.
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -52,28 +53,22 @@ union OpShared {
 #undef MEGAKERNEL_SHARED
 };
 
-// Barriers the consumer leader has seen complete this step (a barrier never goes back below its target
-// within a step): a later wait on one of them costs no round trip to L2.
-constexpr int kKnownBarriers = 16384;
+// Where the loop polls a flagged task's inputs and puts its x_l: its op's partial sums, the first member of its
+// scratch.
+__device__ __forceinline__ void* flagged_scratch(OpShared& sh) { return &sh; }
+static_assert(offsetof(QkvRopeOp::Shared, part) == 0 && offsetof(RouterOp::Shared, part) == 0,
+              "a flagged reader's partial sums start its scratch (flagged_scratch)");
 
 struct SharedStorage {
   PipelineStorage pipe;
   OpShared op;
   LocalRoute local_route;  // the producer warp's alone (local routing, ops/topk.cuh)
   long long step[abi::kStepWords];
-  uint32_t complete[kKnownBarriers / 32];  // the consumer leader's alone
-  int consumer_abort;  // written by the consumer leader before a consumer_sync, read by consumers after it
+  BlockContext ctx;  // right after the step table (Consumer::ctx)
 };
-
-// The consumer leader's wait on one of a task's input barriers.
-__device__ __forceinline__ bool wait_input(SharedStorage& S, int* barriers, int barrier, int count, int* error,
-                                           long long timeout_ns, const int* desc) {
-  const bool cacheable = barrier >= 0 && barrier < kKnownBarriers;
-  if (cacheable && (S.complete[barrier >> 5] >> (barrier & 31) & 1u)) return true;
-  if (!wait_barrier(barriers, barrier, count, error, timeout_ns, desc)) return false;
-  if (cacheable) S.complete[barrier >> 5] |= 1u << (barrier & 31);
-  return true;
-}
+static_assert(offsetof(SharedStorage, op) % 16 == 0, "the op scratch takes 16-byte copies (flagged_scratch)");
+static_assert(offsetof(SharedStorage, ctx) == offsetof(SharedStorage, step) + sizeof(long long) * abi::kStepWords,
+              "the block context follows the step table");
 
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
 static_assert(sizeof(SharedStorage) <= kMaxSharedBytes, "shared memory: rings + the largest op scratch");
@@ -206,22 +201,28 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
     if (op == abi::OP_END) return;
     const Task t{d, layer_of(layer_table, d)};
     unsigned long long wait_start = 0, run_start = 0;
+    // A flagged task (abi::flagged_word; StepShape.flagged_residual) starts at once: its consumers poll the
+    // previous layer's flagged words below, and its body takes the waits before its first write.
+    const int flagged_word = abi::flagged_word(op);
+    const bool flagged = flagged_word >= 0 && d[flagged_word];
     if (leader) {
       if (trace) wait_start = global_timer_ns();
       // A task with nothing to do on this step's data reads nothing: it does not wait (and hold up the
       // tasks queued behind it on this SM) for inputs it will not read.
       const bool ok =
-          (abi::waits_only_if_work(op) && !has_work(op, st, t)) ||
-          (wait_input(S, barriers, d[abi::F_WAIT0_BARRIER], d[abi::F_WAIT0_COUNT], error, timeout_ns, d) &&
-           wait_input(S, barriers, d[abi::F_WAIT1_BARRIER], d[abi::F_WAIT1_COUNT], error, timeout_ns, d));
-      if (!ok) {
-        S.consumer_abort = 1;
-        pipe.abort = 1;  // and the producer stops waiting for ring space
-      }
+          (abi::waits_only_if_work(op) && !has_work(op, st, t)) || flagged ||
+          (wait_input(S.ctx.complete, barriers, d[abi::F_WAIT0_BARRIER], d[abi::F_WAIT0_COUNT], error, timeout_ns, d) &&
+           wait_input(S.ctx.complete, barriers, d[abi::F_WAIT1_BARRIER], d[abi::F_WAIT1_COUNT], error, timeout_ns, d));
+      if (!ok) c.abort();  // and the producer stops waiting for ring space
       if (trace) run_start = global_timer_ns();
     }
+    // A flagged task's inputs: every consumer polls the previous layer's flagged words of its eight columns and
+    // puts x_l in the op's scratch (the task's partial sums, which it fills only from its first stage;
+    // ops/norm.cuh's normed_gemm reads it there).
+    if (flagged && !flagged_residual_rows(st, t.layer(), c.thread * 8, flagged_scratch(S.op), d, error, timeout_ns))
+      c.abort();
     consumer_sync();
-    if (S.consumer_abort) return;
+    if (S.ctx.consumer_abort) return;
     if (!compute_task(op, c, t, S.op)) return;
     // Every consumer's writes are ordered before the leader's arrival on done[slot] by this named barrier,
     // and that arrival (release, CTA scope) before the signaller's fence; the same pattern as a grid
@@ -279,10 +280,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(128) uint8_t smem[];
   SharedStorage& S = *reinterpret_cast<SharedStorage*>(smem);
   for (int i = threadIdx.x; i < abi::kStepWords; i += kThreads) S.step[i] = step_table[i];
-  for (int i = threadIdx.x; i < kKnownBarriers / 32; i += kThreads) S.complete[i] = 0;
+  for (int i = threadIdx.x; i < kKnownBarriers / 32; i += kThreads) S.ctx.complete[i] = 0;
   if (threadIdx.x == 0) {
     S.pipe.init();
-    S.consumer_abort = 0;
+    S.ctx.barriers = barriers;
+    S.ctx.error = error;
+    S.ctx.timeout_ns = step_table[abi::S_TIMEOUT_NS];
+    S.ctx.pipe_abort = &S.pipe.abort;
+    S.ctx.consumer_abort = 0;
   }
   __syncthreads();  // the only block-wide barrier: before the roles split
   const Step st{S.step};

@@ -51,6 +51,33 @@ struct Producer {
   }
 };
 
+// Barriers the consumer leader has seen complete this step (a barrier never goes back below its target
+// within a step): a later wait on one of them costs no round trip to L2.
+constexpr int kKnownBarriers = 16384;
+
+// The consumer leader's wait on one of a task's input barriers; `complete` is its bitmap of known barriers.
+__device__ __forceinline__ bool wait_input(uint32_t* complete, int* barriers, int barrier, int count, int* error,
+                                           long long timeout_ns, const int* desc) {
+  const bool cacheable = barrier >= 0 && barrier < kKnownBarriers;
+  if (cacheable && (complete[barrier >> 5] >> (barrier & 31) & 1u)) return true;
+  if (!wait_barrier(barriers, barrier, count, error, timeout_ns, desc)) return false;
+  if (cacheable) complete[barrier >> 5] |= 1u << (barrier & 31);
+  return true;
+}
+
+// What a consumer's waits and aborts need beyond the step table, for the loop (megakernel.cu) and for a flagged
+// task's body (abi::flagged_word), which takes its waits itself. It sits in shared memory right after the step
+// table, so an op body reaches it through its Step (Consumer::ctx) and no register holds it across the consumer
+// loop, whose GEMM paths use every register the consumers have.
+struct BlockContext {
+  int* barriers;
+  int* error;
+  long long timeout_ns;
+  volatile int* pipe_abort;  // the producer's and the signaller's ring waits see it
+  int consumer_abort;        // written before a consumer_sync, read by every consumer after it
+  uint32_t complete[kKnownBarriers / 32];  // the consumer leader's alone
+};
+
 struct Consumer {
   Step st;
   StageConsumer stages;
@@ -59,6 +86,36 @@ struct Consumer {
   int thread;  // consumer thread, 0..kConsumerThreads-1
   bool tracing;
   unsigned long long inputs_ns = 0, stages_ns = 0;  // the leader's phase marks for the trace
+
+  __device__ BlockContext& ctx() const {
+    return *reinterpret_cast<BlockContext*>(const_cast<long long*>(st.w) + abi::kStepWords);
+  }
+  // Any consumer thread that gave up (a wait timed out or saw another SM's abort): the consumers learn of it
+  // after their next consumer_sync, the producer and the signaller in their ring waits.
+  __device__ void abort() const {
+    BlockContext& x = ctx();
+    x.consumer_abort = 1;
+    *x.pipe_abort = 1;
+  }
+  // Every consumer thread, after a consumer_sync: whether a consumer gave up.
+  __device__ bool aborted() const { return ctx().consumer_abort != 0; }
+
+  // A flagged task's input waits (the ones the loop takes before any other task starts), taken by the leader
+  // before the task's first global write: its reads of the previous layer came from flagged words, which
+  // need no barrier, but its writes must follow whatever the barriers order (the buffers it overwrites were
+  // read by tasks the barriers wait for). Every consumer thread; false if the step is being aborted.
+  __device__ bool wait_inputs(const Task& t) const {
+    if (Role::consumer_leader()) {
+      BlockContext& x = ctx();
+      if (!(wait_input(x.complete, x.barriers, t[abi::F_WAIT0_BARRIER], t[abi::F_WAIT0_COUNT], x.error, x.timeout_ns,
+                       t.d) &&
+            wait_input(x.complete, x.barriers, t[abi::F_WAIT1_BARRIER], t[abi::F_WAIT1_COUNT], x.error, x.timeout_ns,
+                       t.d)))
+        abort();
+    }
+    consumer_sync();
+    return !aborted();
+  }
 
   // Phase marks of the task being traced (taken by the consumer leader only).
   __device__ void mark_inputs() {

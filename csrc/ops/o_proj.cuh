@@ -4,6 +4,7 @@
 // 64 against a task's 131 KB of weights; slices of at most 16 rows hold theirs in registers).
 #pragma once
 
+#include "../flagged.cuh"
 #include "gemm.cuh"
 
 namespace vllm_megakernel {
@@ -27,6 +28,8 @@ struct OProjOp {
     if (!gemm_task<K, RS>(c, rows, B, R, sh.part)) return false;
     bf16* o = c.st.o(t.layer()) + (long long)b0 * abi::kHidden + row0;
     store_rows(c, sh.part, R, B, bp, [&](int b) { return o + (long long)b * abi::kHidden; });
+    if (flagged::Word* words = c.st.residual_words(abi::kResidualO, t.layer()))  // StepShape.flagged_residual
+      flagged::store_pairs(c.thread, sh.part, R, B, bp, row0, t.layer(), words + (long long)b0 * (abi::kHidden / 2));
     return true;
   }
 };

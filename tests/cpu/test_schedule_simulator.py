@@ -1375,6 +1375,96 @@ def test_posted_routing_is_refused_where_the_kernel_has_no_form_and_its_words_pa
     assert abi.unpack_route_post(0) is None
 
 
+@pytest.mark.parametrize("batch, order, uniform, posted", [(1, "random", False, False), (2, "reverse", False, True),
+                                                           (3, "reverse", False, False), (4, "random", True, False)])
+def test_flagged_residual_polls_the_previous_layers_words_and_computes_the_same_step(dims, weights, batch, order,
+                                                                                      uniform, posted):
+    """StepShape.flagged_residual: the writers of x, o and mlp (the QKV task that stores x, the O projection, the
+    MoE combine, the dense down tasks) also write flagged words, and every folded-norm QKV and router task after
+    layer 0 reads only the previous layer's flagged words (its ``flagged`` field; the kernel polls them before
+    it takes its waits), keeping the same waits for its writes. The step is deadlock- and race-free under any
+    SM order, every poll finds words of exactly the previous layer, and it is bit-equal to the plain step and to
+    the reference, with posted routing too."""
+    from vllm_megakernel.megakernel.schedule import FLAGGED
+
+    lengths = [40, 9, 3, 17, 1, 30, 12][: max(batch - 1, 1)]
+    inp = step_inputs(dims, lengths + [0] * (batch - len(lengths)), seed=batch)  # a padding row from batch 2
+    shape = dict(batch=batch, num_sms=7, attn_splits=3, attn_min_tiles=1, posted_routing=posted)
+    plain = build_schedule(dims, StepShape(**shape), *weights.intermediates())
+    flagged = build_schedule(dims, StepShape(**shape, flagged_residual=True), *weights.intermediates())
+    assert [(t.op, t.waits, t.signal) for t in flagged.tasks] == [(t.op, t.waits, t.signal) for t in plain.tasks]
+    for t, p in zip(flagged.tasks, plain.tasks):
+        polls = t.op in abi.FLAGGED_READERS and t.layer > 0
+        assert t.fields.get("flagged", 0) == int(polls) and p.fields.get("flagged", 0) == 0
+        if polls:
+            pp = (t.layer - 1) % 2
+            assert set(t.reads) == {(FLAGGED, name, pp) for name in ("x", "o", "mlp")}
+        else:
+            assert t.reads == p.reads
+        wrote = {r[1:] for r in t.writes if r[0] == FLAGGED}  # the final norm's x is read by nothing flagged
+        plain_writes = {r for r in p.writes if r[0] in ("x", "o", "mlp")} if t.op != Op.NORM else set()
+        assert wrote == plain_writes and set(t.writes) - set(p.writes) == {(FLAGGED,) + r for r in wrote}
+    assert flagged.residual_words == 2 * 3 * batch * dims.hidden // 2 and plain.residual_words == 0
+    simulate.run(flagged, order=order, seed=batch)
+    simulate.check_races(flagged, order=order, seed=batch)
+    numerics = simulate.Numerics(flagged, weights, clone_inputs(inp), uniform_routing=uniform)
+    with torch.no_grad():
+        simulate.run(flagged, numerics, order=order, seed=batch, live_slots=numerics.live_slots)
+    last = dims.num_layers - 1
+    for (name, parity), (words, flags) in numerics.flagged.items():  # each holds the last layer of its parity
+        assert bool((flags == last - (last - parity) % 2 + 1).all()), (name, parity)
+    _computes_the_plain_step(flagged, plain, weights, inp, order, batch, uniform)
+
+
+def test_a_flagged_word_read_without_polling_or_for_the_wrong_layer_is_a_race(dims, weights):
+    """The flagged words need no barrier only because a reader polls them until they carry its previous layer's
+    flag: simulate.check_races refuses a reader without the ``flagged`` field, a poll for a layer that does not
+    write the words, and a second writer in one layer; the numerics refuse a poll that finds another layer's
+    words (a reader of the wrong parity)."""
+    import dataclasses
+
+    from vllm_megakernel.megakernel.schedule import FLAGGED
+
+    s = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, attn_min_tiles=1, flagged_residual=True),
+                       TINY_I, TINY_DENSE_I)
+    simulate.check_races(s)
+    victim = next(t for t in s.tasks if t.op == Op.ROUTER and t.layer == 2)
+    mute = dataclasses.replace(s, tasks=[dataclasses.replace(t, fields={**t.fields, "flagged": 0})
+                                         if t is victim else t for t in s.tasks])
+    with pytest.raises(simulate.RaceError, match="without polling"):
+        simulate.check_races(mute)
+    wrong = tuple((FLAGGED, name, 0) for name in ("x", "o", "mlp"))  # layer 2 polls parity 1 (layer 1's words)
+    stale = dataclasses.replace(s, tasks=[dataclasses.replace(t, reads=wrong) if t is victim else t for t in s.tasks])
+    with pytest.raises(simulate.RaceError):
+        simulate.check_races(stale)
+    o_task = next(t for t in s.tasks if t.op == Op.O_PROJ and t.layer == 1)
+    twice = dataclasses.replace(s, tasks=[dataclasses.replace(t, writes=t.writes + o_task.writes[-1:])
+                                          if t.op == Op.O_PROJ and t.layer == 1 and t is not o_task else t
+                                          for t in s.tasks])
+    with pytest.raises(simulate.RaceError, match="written twice in layer 1"):
+        simulate.check_races(twice)
+    numerics = simulate.Numerics(s, weights, step_inputs(dims, [5, 3], seed=1))
+    with pytest.raises(simulate.ScheduleError, match="found words of layer -1"):
+        numerics.router(2, 0, 4, norm=1, write_hn=0, flagged=1)  # layer 1 has not written its words
+
+
+def test_flagged_residual_is_refused_where_the_kernel_has_no_form_and_its_words_pack_the_layer(dims):
+    """The flagged folded norm reads its rows in rounds sized for FLAGGED_RESIDUAL_MAX_BATCH and exists only as
+    the folded norm: larger batches and a norm wave are refused. A word carries its pair's bits below the writing
+    layer + 1 (zero: never written) and round-trips through abi's packing."""
+    n = layout.FLAGGED_RESIDUAL_MAX_BATCH
+    assert StepShape(batch=n, num_sms=7, flagged_residual=True).flagged_residual
+    for bad in (dict(batch=n + 1), dict(batch=2, norm="wave")):
+        with pytest.raises(ValueError, match="flagged_residual"):
+            StepShape(num_sms=7, flagged_residual=True, **bad)
+    assert [StepShape(batch=b, num_sms=132).flagged_residual for b in (1, 2, 8, 64)] == \
+        [layout.flagged_residual_for(b) for b in (1, 2, 8, 64)]
+    for bits, layer in ((0, 0), (0xFFFFFFFF, 48), (0x3F803F80, 7)):
+        word = abi.pack_residual_word(bits, layer)
+        assert word >> abi.RESIDUAL_WORDS["flag_shift"] == layer + 1 and abi.unpack_residual_word(word) == (bits, layer)
+    assert abi.unpack_residual_word(0) is None
+
+
 @pytest.mark.parametrize("batch, live_tasks, order", [(1, 2, "random"), (2, 2, "reverse"), (3, 3, "random")])
 def test_live_first_deals_the_live_splits_right_after_qkv_and_the_experts_after_them(dims, weights, batch, live_tasks,
                                                                                      order):

@@ -2,17 +2,20 @@
 # Next session, kernel alone (no vLLM, no stash calls; carry variants/ with base.so and jw.so, built on the CPU
 # machine from main by
 #   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base jw=benchmarks/candidates/joint-input-waits.patch
-# and .sanitizer/), PERF_LOG #151 and #152: posted routing (pr) and local routing (lr) again, now that the MoE
-# combine checks the top-k's barrier before the down wave's (session AE's call 4 ran pr with the other order: +0.19%
-# at batch 1, the combine ending 0.9 us further behind the down wave), and jw (the consumer leader polls a task's
-# two input barriers together), in order of need, each stage only while the call's time allows it:
-# (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main against pr, lr and jw;
-# (2) compute-sanitizer memcheck / racecheck / synccheck on the posted-routing case (session AE's was cut by its
-# 75 s limit after two runs); (3) the A/B at batch 2 and 8 (pr, jw); (4) kernel_profile at batch 1 of the default and
-# posted_routing=1 in one run (the combine's end against the down wave's, the layer), and qkv_rows=32 (160 QKV
-# tasks: 28 SMs run two in a row, so the profile's previous-opcode table has QKV's inputs phase after a QKV task,
-# the instruction cache warm, beside after another opcode: PERF_LOG #153); (5) jw's kernel tests.
-# `bash call-posted-routing.sh [SECONDS]` (default 560; all of it ~520 s).
+# and .sanitizer/). PERF_LOG #154: flagged residual words (fr, StepShape.flagged_residual: the layer boundary's
+# QKV and router tasks poll the previous layer's x, o and mlp as self-flagged words from their start and take their
+# waits before their first write), then #151 and #152: posted routing (pr) and local routing (lr) again, now that the
+# MoE combine checks the top-k's barrier before the down wave's (session AE's call 4 ran pr with the other order:
+# +0.19% at batch 1, the combine ending 0.9 us further behind the down wave), and jw (the consumer leader polls a
+# task's two input barriers together). In order of need, each stage only while the call's time allows it:
+# (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main against fr, pr, lr and jw (the
+# A/B checks each variant's output against the reference); (2) fr's GPU tests (the whole step bit-equal to the plain
+# one, the words it left, aborts in its polls) and compute-sanitizer memcheck / racecheck / synccheck on its case;
+# (3) the A/B at batch 2 (fr, pr), 4 (fr) and 8 (pr); (4) kernel_profile at batch 1 of the default, fr, and
+# qkv_rows=32 (160 QKV tasks: 28 SMs run two in a row, so the profile's previous-opcode table has QKV's inputs phase
+# after a QKV task, the instruction cache warm, beside after another opcode: PERF_LOG #153); (5) the posted-routing
+# sanitizer case (session AE's was cut by its 75 s limit after two runs); (6) jw's kernel tests.
+# `bash call-posted-routing.sh [SECONDS]` (default 560; all of it ~600 s: the later stages are skipped on time).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-560}
@@ -30,21 +33,31 @@ run() {  # NAME BATCH SECONDS VARIANT=SCHEDULE...: one process, main against jw 
     --rounds 6 --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
   stamp $name $?; cat $res/$name/table.md 2>/dev/null || tail -3 $res/$name.log
 }
-run b1 1 60 pr=posted_routing=1 lr=local_routing=1
-if [ $(left) -gt 160 ]; then  # session AE: two of the three tool runs took most of 75 s, with the checkpoint
+run b1 1 70 fr=flagged_residual=1 pr=posted_routing=1 lr=local_routing=1
+if [ $(left) -gt 150 ]; then  # fr's GPU tests (~60 s with the checkpoint) and its sanitizer case (~75 s)
+  timeout -k 5 70 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py \
+    -k "flagged or aborts" > $res/fr-tests.txt 2>&1
+  stamp fr-tests $?; tail -1 $res/fr-tests.txt; grep -E "^(FAILED|ERROR)" $res/fr-tests.txt | head -8
   cs=$(bash benchmarks/candidates/next-calls/sanitizer-from-wheel.sh)
-  COMPUTE_SANITIZER=$cs timeout -k 5 150 python3 -m pytest -v -rA -p no:cacheprovider --durations=4 \
-    tests/gpu/test_sanitizer.py -k posted-routing > $res/sanitizer.txt 2>&1
-  stamp sanitizer $?; tail -1 $res/sanitizer.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer.txt
+  COMPUTE_SANITIZER=$cs timeout -k 5 80 python3 -m pytest -v -rA -p no:cacheprovider --durations=4 \
+    tests/gpu/test_sanitizer.py -k flagged-residual > $res/sanitizer-fr.txt 2>&1
+  stamp sanitizer-fr $?; tail -1 $res/sanitizer-fr.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer-fr.txt
 fi
-run b2 2 50 pr=posted_routing=1
-run b8 8 70 pr=posted_routing=1
+run b2 2 50 fr=flagged_residual=1 pr=posted_routing=1
+run b4 4 50 fr=flagged_residual=1
+run b8 8 60 pr=posted_routing=1
 if [ $(left) -gt 85 ]; then
   timeout -k 5 80 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
-    --schedules "default;posted_routing=1;qkv_rows=32" --out $res/profile > $res/profile.log 2>&1
+    --schedules "default;flagged_residual=1;qkv_rows=32" --out $res/profile > $res/profile.log 2>&1
   stamp profile $?; grep -A4 "^| batch | context" $res/profile/report.md | head -5
-  grep -E "^\| (mlp_down|o_proj|moe_combine|router_topk|mlp_up) \| [0-9]" $res/profile/report.md
+  grep -E "^\| (qkv|router|mlp_down|o_proj|moe_combine|router_topk|mlp_up) \| [0-9]" $res/profile/report.md
   grep -E "^\| qkv \| [0-9]+ \| [0-9-]" $res/profile/report.md  # qkv after its own opcode / after another
+fi
+if [ $(left) -gt 90 ]; then  # session AE: two of the three tool runs took most of 75 s, with the checkpoint
+  cs=$(bash benchmarks/candidates/next-calls/sanitizer-from-wheel.sh)
+  COMPUTE_SANITIZER=$cs timeout -k 5 80 python3 -m pytest -v -rA -p no:cacheprovider --durations=4 \
+    tests/gpu/test_sanitizer.py -k posted-routing > $res/sanitizer.txt 2>&1
+  stamp sanitizer $?; tail -1 $res/sanitizer.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer.txt
 fi
 if [ $(left) -gt 120 ]; then  # jw's kernel tests (stall reports included), for landing it if it won (~105 s)
   cp variants/jw.so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
