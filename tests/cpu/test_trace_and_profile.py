@@ -135,13 +135,14 @@ def _hops_by_brute_force(sched, rec, layers):
         if not ends:
             continue
         at, wave = max(ends)
-        mine = col["run_start_ns"][t.index]
+        flagged = bool(t.fields.get("flagged"))
+        mine = col["inputs_ns" if flagged else "run_start_ns"][t.index]
         order = lambda u: (col["run_start_ns"][u.index], u.index)  # noqa: E731 (synthetic waves start together)
         before = [u for u in sched.tasks if col["sm"][u.index] == col["sm"][t.index] and col["end_ns"][u.index]
                   and order(u) < order(t)]
         ready = col["compute_end_ns"][max(before, key=order).index] if before else 0
         if at > ready:
-            out.setdefault((wave, t.wave), []).append((mine - at) / 1e3)
+            out.setdefault((wave, t.wave + (" (flagged, to inputs)" if flagged else "")), []).append((mine - at) / 1e3)
     return out
 
 
@@ -178,6 +179,32 @@ def test_layer_hops_time_each_blocked_wait_from_the_last_signal_to_the_run(dims)
     assert check(rec)[edge].waits == rows[edge].waits - 1
     text = trace.hops_markdown(trace.layer_hops(sched, rec, layers), "layers 1-4")
     assert text.startswith("signal to run, per dependency edge (layers 1-4;") and "| router_topk | mlp_up |" in text
+
+
+def test_a_flagged_tasks_hop_is_timed_to_its_inputs_not_its_run(dims):
+    """A flagged task (StepShape.flagged_residual) starts without waiting: its boundary edges are timed from the
+    last signal to its inputs stamp (the flagged words in, x_l normed) under their own waiter name, as a
+    brute-force scan times them, and a flagged task's hop moves with its inputs stamp, not its run start. Its
+    waits, taken in its body, are not stamped: the input-check table leaves it out."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, flagged_residual=True), TINY_I,
+                           TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    rec = synthetic_records(sched, {w: 900 + 70 * i for i, w in enumerate(waves)}, {w: 500 for w in waves})
+    layers = [i for i in range(dims.num_layers - 1) if not dims.dense[i]]
+    rows = {(r.signaller, r.waiter): r for r in trace.layer_hops(sched, rec, layers)}
+    want = _hops_by_brute_force(sched, rec, layers)
+    assert set(rows) == set(want) and any(w.endswith("(flagged, to inputs)") for _, w in rows)
+    assert not any(w in ("qkv", "router") for _, w in rows if w)  # every boundary task of these layers is flagged
+    for k, v in want.items():
+        assert rows[k].waits == len(v) and rows[k].hop_us == pytest.approx(statistics.median(v))
+    checked = {c.wave for c in trace.input_checks(sched, rec, layers, lead_ns=0)}
+    assert checked and not checked & {"qkv", "router"}
+    for t in (t for t in sched.tasks if t.fields.get("flagged") and t.layer in layers):
+        rec[t.index, abi.TRACE_FIELDS.index("inputs_ns")] += 1000  # the words 1 us later
+    later = {(r.signaller, r.waiter): r for r in trace.layer_hops(sched, rec, layers)}
+    for k, r in rows.items():
+        if k[1].endswith("(flagged, to inputs)"):
+            assert later[k].hop_us == pytest.approx(r.hop_us + 1.0)
 
 
 def test_signal_tails_group_each_tasks_signal_delay_by_the_wave_its_sm_ran_next(dims):

@@ -436,10 +436,14 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
     task's consumers done), the task was blocked on it: the time from that end to the task's run start is the
     signal's path (the red to L2, the polls, the acquire, the consumers' hand-over; for a routed task also its
     producer's reads of the route words). A producer's other waits (an attention split's new token) are not
-    seen by the consumers' stamps and are left out. Most waits first."""
+    seen by the consumers' stamps and are left out. A flagged task (StepShape.flagged_residual) starts without
+    waiting and polls its inputs' flagged words: its edge is timed to its inputs stamp (the words in, x_l normed)
+    under the waiter "<wave> (flagged, to inputs)", and is negative where the words beat the signal. Most waits
+    first."""
     rec, f = record_fields(records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
-    sm, end, done, run0 = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns"))
+    sm, end, done, run0, inputs = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns",
+                                                             "inputs_ns"))
     ran = ran_tasks(schedule, rec).tolist()
     staged = _staged(f).tolist()  # a task that waits only if it has work and had none marked no stage phase
     last = _last_signals(schedule, ran, end)
@@ -457,7 +461,11 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
                 if not seen:
                     continue
                 at, wave = max(seen)
-                if at > ready.get(i, 0):  # the SM was free before the last signal: blocked on it
+                if at <= ready.get(i, 0):  # the SM was still busy at the last signal: not blocked on it
+                    continue
+                if t.fields.get("flagged"):
+                    hops[(wave, f"{t.wave} (flagged, to inputs)")].append((inputs[i] - at) / 1e3)
+                else:
                     hops[(wave, t.wave)].append((run0[i] - at) / 1e3)
     rows = [Hop(s, w, len(v), _median(v), _p90(v)) for (s, w), v in hops.items()]
     return sorted(rows, key=lambda r: (-r.waits, r.signaller, r.waiter))
@@ -483,7 +491,8 @@ def input_checks(schedule: Schedule, records: torch.Tensor, layers, lead_ns: int
     the wait's start to the run start. A barrier the leader has seen complete before costs no round trip (it is
     cached on the SM); one it has not costs an acquire poll (`ld.acquire.gpu`, one L2 round trip; before session
     AD a relaxed poll and a fence, which waited for the SM's copies in flight). A task that waits only if it has work and had none is left out, and so is one with a
-    waited barrier that no task signalled. Most checks first."""
+    waited barrier that no task signalled, and a flagged task (StepShape.flagged_residual: it takes its waits in its
+    body, unstamped). Most checks first."""
     rec, f = record_fields(records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     end, wait0, run0 = (f[n].tolist() for n in ("end_ns", "wait_start_ns", "run_start_ns"))
@@ -496,7 +505,8 @@ def input_checks(schedule: Schedule, records: torch.Tensor, layers, lead_ns: int
             for i in ix:
                 t = schedule.tasks[i]
                 waits = [b for b in t.waits if b != abi.NO_BARRIER]
-                if not waits or (t.waits_only_if_work and not staged[i]) or any(b not in last for b in waits):
+                if not waits or (t.waits_only_if_work and not staged[i]) or any(b not in last for b in waits) \
+                        or t.fields.get("flagged"):
                     continue
                 if max(last[b][0] for b in waits) <= wait0[i] - lead_ns:
                     checks[t.wave].append((run0[i] - wait0[i]) / 1e3)
