@@ -67,7 +67,7 @@ __device__ __forceinline__ void store_pairs(int thread, const float* part, int R
 // copies are weak reads polling relaxed stores: each aligned 8-byte word is one access at L2, so a copy sees it
 // whole (NCCL's LL protocol polls its 16-byte lines the same way); a word with the flag holds its pair. Bounded
 // like every wait (barrier.cuh's poll_bounded): false on a timeout (recorded with abi::kFlaggedResidualWait:
-// expected the flag polled for, seen the first word's that lacked it) or another SM's abort.
+// expected the flag polled for, seen the flag of a word that lacked it) or another SM's abort.
 __device__ __forceinline__ bool poll_row8(const Step& st, int layer, int row, int col, Word* stage, uint4& x,
                                           const int* desc, int* error, long long timeout_ns) {
   constexpr int NB = abi::kResidualBuffers, kRow = abi::kHidden / 2;

@@ -219,8 +219,13 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
     // A flagged task's inputs: every consumer polls the previous layer's flagged words of its eight columns and
     // puts x_l in the op's scratch (the task's partial sums, which it fills only from its first stage;
     // ops/norm.cuh's normed_gemm reads it there).
-    if (flagged && !flagged_residual_rows(st, t.layer(), c.thread * 8, flagged_scratch(S.op), d, error, timeout_ns))
+    if (flagged && !flagged_form_exists(op, st, t)) {  // a descriptor the host does not write: refused
+      if (leader) report_stall(error, d, abi::kFlaggedResidualWait, 0, 0);
       c.abort();
+    } else if (flagged &&
+               !flagged_residual_rows(st, t.layer(), c.thread * 8, flagged_scratch(S.op), d, error, timeout_ns)) {
+      c.abort();
+    }
     consumer_sync();
     if (S.ctx.consumer_abort) return;
     if (!compute_task(op, c, t, S.op)) return;

@@ -126,6 +126,15 @@ struct Consumer {
   }
 };
 
+// Whether the flagged form (StepShape.flagged_residual) exists for a task whose `flagged` word (abi::flagged_word) is
+// set: a folded norm on a layer with a previous one, up to kFlaggedResidualMaxBatch rows, no batch-row slice. The host
+// never sets the word elsewhere (schedule.StepShape and build_schedule refuse it); the loop refuses a descriptor
+// that does, with a stall record, rather than poll words nothing writes or skip waits the plain form needs.
+__device__ __forceinline__ bool flagged_form_exists(int op, const Step& st, const Task& t) {
+  if (t.layer() == 0 || st.batch() > abi::kFlaggedResidualMaxBatch) return false;
+  return op == abi::OP_QKV_ROPE ? t[abi::F_QKV_ROPE_NORM] && !t[abi::F_QKV_ROPE_BATCH_ROWS] : t[abi::F_ROUTER_NORM] != 0;
+}
+
 // Whether an op struct declares the optional has_work hook.
 template <class T, class = void>
 struct DeclaresHasWork : std::false_type {};

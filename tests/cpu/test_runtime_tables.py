@@ -98,7 +98,7 @@ def test_flagged_residual_words_sit_zeroed_and_aligned_after_the_posted_words_an
     (layout.residual_words), which the step table's residual_words points at, which launch() zeroes with the
     barriers and which runtime.residual_words views by parity, buffer, row and pair; without the choice there
     are none and the field is 0. A consumer that timed out polling them is reported with the layer it polled for
-    and the flag it found, not as a barrier."""
+    and the flag it found, not as a barrier, and a descriptor whose flagged field the kernel refused as such."""
     dims = ref.ModelDims.from_config(TINY_CONFIG)
     w = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.bfloat16)
     sim = PagedKVSim(dims, num_requests=2, max_len=20, block_size=4, dtype=torch.bfloat16)
@@ -116,6 +116,8 @@ def test_flagged_residual_words_sit_zeroed_and_aligned_after_the_posted_words_an
         assert step.barriers.numel() == at + 2 * words and not step.barriers.any()
         assert s["residual_words"] == (step.barriers.data_ptr() + 4 * at if flagged else 0)
         assert s["residual_words"] % 16 == 0
+        if posted:  # the posted words' view ends where the flagged words' padding begins
+            assert runtime.route_posts(step).shape == (dims.num_layers, 1 + sched.num_slots)
         if flagged:
             view = runtime.residual_words(step)
             assert view.shape == (2, 3, 2, dims.hidden // 2)
@@ -132,6 +134,11 @@ def test_flagged_residual_words_sit_zeroed_and_aligned_after_the_posted_words_an
     with pytest.raises(runtime.MegakernelStallError,
                        match=rf"task {victim.index} \(QKV_ROPE.* polled layer {victim.layer - 1}'s flagged residual "
                              r"words: a word still held layer -1's \(-1: never written\)"):
+        runtime.check(step)
+    record.update(expected=0, seen=0)  # a flagged field where the form does not exist: refused before any poll
+    step.error.copy_(torch.tensor([record[f] for f in abi.ERROR_FIELDS], dtype=torch.int32))
+    with pytest.raises(runtime.MegakernelStallError, match=rf"task {victim.index} \(QKV_ROPE.* was refused: its "
+                                                           r"flagged field is set where the flagged form does not exist"):
         runtime.check(step)
 
 

@@ -1419,8 +1419,9 @@ def test_flagged_residual_polls_the_previous_layers_words_and_computes_the_same_
 def test_a_flagged_word_read_without_polling_or_for_the_wrong_layer_is_a_race(dims, weights):
     """The flagged words need no barrier only because a reader polls them until they carry its previous layer's
     flag: simulate.check_races refuses a reader without the ``flagged`` field, a poll for a layer that does not
-    write the words, and a second writer in one layer; the numerics refuse a poll that finds another layer's
-    words (a reader of the wrong parity)."""
+    write the words, a flagged task that also reads a plain region (the kernel reads before the task's waits), and
+    a second writer in one layer; the numerics refuse a poll that finds another layer's words (a reader of the
+    wrong parity)."""
     import dataclasses
 
     from vllm_megakernel.megakernel.schedule import FLAGGED
@@ -1437,6 +1438,10 @@ def test_a_flagged_word_read_without_polling_or_for_the_wrong_layer_is_a_race(di
     stale = dataclasses.replace(s, tasks=[dataclasses.replace(t, reads=wrong) if t is victim else t for t in s.tasks])
     with pytest.raises(simulate.RaceError):
         simulate.check_races(stale)
+    also = dataclasses.replace(s, tasks=[dataclasses.replace(t, reads=t.reads + (("hn",),)) if t is victim else t
+                                         for t in s.tasks])
+    with pytest.raises(simulate.RaceError, match="also reads"):  # its waits come after its polls in the kernel
+        simulate.check_races(also)
     o_task = next(t for t in s.tasks if t.op == Op.O_PROJ and t.layer == 1)
     twice = dataclasses.replace(s, tasks=[dataclasses.replace(t, writes=t.writes + o_task.writes[-1:])
                                           if t.op == Op.O_PROJ and t.layer == 1 and t is not o_task else t

@@ -116,7 +116,8 @@ def route_posts(step: DeviceStep) -> torch.Tensor:
     s = step.schedule
     if not s.route_post_words:
         raise ValueError(f"the batch-{s.shape.batch} step has no posted routing")
-    return step.barriers[_route_posts_at(s):].view(torch.int64).view(s.dims.num_layers, -1)
+    at = _route_posts_at(s)
+    return step.barriers[at:at + 2 * s.route_post_words].view(torch.int64).view(s.dims.num_layers, -1)
 
 
 def _residual_words_at(schedule: Schedule | EncodedSchedule) -> int:
@@ -293,6 +294,9 @@ def check(step: DeviceStep) -> None:
     if err["barrier"] == abi.POSTED_ROUTE_WAIT:
         seen = "not posted" if err["seen"] < 0 else f"{err['seen']} routed slots posted"
         waited = f"polled layer {err['layer']}'s posted route for slot {err['expected']}: {seen}"
+    elif err["barrier"] == abi.FLAGGED_RESIDUAL_WAIT and err["expected"] == 0:
+        waited = ("was refused: its flagged field is set where the flagged form does not exist (layer 0, a batch "
+                  f"above {abi.KERNEL['flagged_residual_max_batch']}, a batch-row slice or no folded norm)")
     elif err["barrier"] == abi.FLAGGED_RESIDUAL_WAIT:
         waited = (f"polled layer {err['expected'] - 1}'s flagged residual words: a word still held layer "
                   f"{err['seen'] - 1}'s (-1: never written)")

@@ -415,6 +415,10 @@ def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0,
     for t in schedule.tasks:
         if t.index not in topo:  # a dead slot's task: skipped, it touches nothing
             continue
+        plain = [region for region in t.reads if region[0] != FLAGGED]
+        if t.fields.get("flagged") and plain:  # the kernel reads them before the task's waits, which come after
+            raise RaceError(f"{t.describe()} polls flagged words and also reads {plain}, which its waits, taken "
+                            f"after its polls, do not order")
         for r in t.writes:
             writes[r].append(t.index)
         for r in t.reads:
