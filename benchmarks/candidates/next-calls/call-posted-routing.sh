@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Next session, kernel alone (no vLLM, no stash calls; carry variants/ with base.so and jw.so, built on the CPU
 # machine from main by
-#   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base jw=benchmarks/candidates/joint-input-waits.patch
+#   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base \
+#     jw=benchmarks/candidates/joint-input-waits.patch frb=benchmarks/candidates/flagged-poll-pause.patch
 # and .sanitizer/). PERF_LOG #154: flagged residual words (fr, StepShape.flagged_residual: the layer boundary's
 # QKV and router tasks poll the previous layer's x, o and mlp as self-flagged words from their start and take their
-# waits before their first write), then #151 and #152: posted routing (pr) and local routing (lr) again, now that the
+# waits before their first write) and #155, frb (fr with a 400 ns pause before a poll copies again), then #151 and #152: posted routing (pr) and local routing (lr) again, now that the
 # MoE combine checks the top-k's barrier before the down wave's (session AE's call 4 ran pr with the other order:
 # +0.19% at batch 1, the combine ending 0.9 us further behind the down wave), and jw (the consumer leader polls a
 # task's two input barriers together). In order of need, each stage only while the call's time allows it:
@@ -28,12 +29,14 @@ run() {  # NAME BATCH SECONDS VARIANT=SCHEDULE...: one process, main against jw 
   local name=$1 b=$2 lim=$3; shift 3
   [ $(left) -lt $(( lim + 5 )) ] && { echo "$name: skipped, $(left) s left"; return; }
   local args=(--variant base=$so --variant jw=variants/jw.so)
-  for v in "$@"; do args+=(--variant "${v%%=*}=$so@${v#*=}"); done
+  for v in "$@"; do  # NAME=SCHEDULE on main's build, or NAME=BUILD@SCHEDULE
+    case "$v" in *@*) args+=(--variant "$v") ;; *) args+=(--variant "${v%%=*}=$so@${v#*=}") ;; esac
+  done
   timeout -k 5 $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
     --rounds 6 --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
   stamp $name $?; cat $res/$name/table.md 2>/dev/null || tail -3 $res/$name.log
 }
-run b1 1 70 fr=flagged_residual=1 pr=posted_routing=1 lr=local_routing=1
+run b1 1 75 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1 pr=posted_routing=1 lr=local_routing=1
 if [ $(left) -gt 150 ]; then  # fr's GPU tests (~60 s with the checkpoint) and its sanitizer case (~75 s)
   timeout -k 5 70 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py \
     -k "flagged or aborts" > $res/fr-tests.txt 2>&1
@@ -43,8 +46,8 @@ if [ $(left) -gt 150 ]; then  # fr's GPU tests (~60 s with the checkpoint) and i
     tests/gpu/test_sanitizer.py -k flagged-residual > $res/sanitizer-fr.txt 2>&1
   stamp sanitizer-fr $?; tail -1 $res/sanitizer-fr.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer-fr.txt
 fi
-run b2 2 50 fr=flagged_residual=1 pr=posted_routing=1
-run b4 4 50 fr=flagged_residual=1
+run b2 2 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1 pr=posted_routing=1
+run b4 4 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1
 run b8 8 60 pr=posted_routing=1
 if [ $(left) -gt 85 ]; then
   timeout -k 5 80 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
