@@ -10,9 +10,9 @@
 //
 // What makes a word whole: each is one naturally aligned 64-bit store (a 16-byte store of two is one access per
 // element), and the PTX memory model makes such a store single-copy atomic against a morally strong read; the
-// reader's cp.async copies are weak reads, whole because an aligned 8-byte word is one access at L2 (as NCCL's LL
-// lines are for its 16-byte volatile accesses). tests/gpu/test_megakernel_step.py checks the step bit for bit
-// against the plain one.
+// reader's cp.async copies are weak reads, assumed whole because an aligned 8-byte word is one access at L2 (a
+// hardware assumption, not the model's guarantee; NCCL's LL protocol relies on the same for its 16-byte volatile
+// accesses). tests/gpu/test_megakernel_step.py checks the step bit for bit against the plain one.
 //
 // What the flag does not order: the reader's own writes. They wait for the same barriers as ever
 // (Consumer::wait_inputs), because the buffers it overwrites were read by tasks those barriers wait for.

@@ -245,8 +245,9 @@ KERNEL = {
     "local_routing_max_batch": 8,
     # the most rows a step with posted routing may have (a slot's rows fit its posted word, ROUTE_POST)
     "posted_routing_max_batch": 8,
-    # the most rows a step with flagged residual words may have (the flagged folded norm stages one row's words
-    # and x_l of every row in a task's partial sums: csrc/flagged.cuh's scratch_bytes)
+    # the most rows a step with flagged residual words may have: the flagged folded norm polls one row at a time,
+    # a round trip each, staging that row's words and x_l of every row in a task's partial sums (up to 6 rows fit:
+    # csrc/flagged.cuh's scratch_bytes)
     "flagged_residual_max_batch": 4,
 }
 

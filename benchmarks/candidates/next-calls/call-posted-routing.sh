@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next session, kernel alone (no vLLM, no stash calls; carry variants/ with base.so and jw.so, built on the CPU
+# Next session, kernel alone (no vLLM, no stash calls; carry variants/ with base.so, jw.so and frb.so, built on the CPU
 # machine from main by
 #   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base \
 #     jw=benchmarks/candidates/joint-input-waits.patch frb=benchmarks/candidates/flagged-poll-pause.patch
