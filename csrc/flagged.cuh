@@ -120,5 +120,9 @@ __device__ __forceinline__ bool poll_row8(const Step& st, int layer, int row, in
 // rows (bf16). Up to kFlaggedResidualMaxBatch rows; the rows are polled one at a time.
 constexpr int kStageWords = abi::kHidden / 2 * abi::kResidualBuffers;
 __host__ __device__ constexpr int scratch_bytes(int rows) { return kStageWords * 8 + rows * abi::kHidden * 2; }
+// x_l's rows in that scratch (bf16, row b at + b * kHidden), after the stage.
+__device__ __forceinline__ bf16* x_rows(void* scratch) {
+  return reinterpret_cast<bf16*>(static_cast<Word*>(scratch) + kStageWords);
+}
 
 }  // namespace vllm_megakernel::flagged

@@ -211,8 +211,7 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
       // tasks queued behind it on this SM) for inputs it will not read.
       const bool ok =
           (abi::waits_only_if_work(op) && !has_work(op, st, t)) || flagged ||
-          (wait_input(S.ctx.complete, barriers, d[abi::F_WAIT0_BARRIER], d[abi::F_WAIT0_COUNT], error, timeout_ns, d) &&
-           wait_input(S.ctx.complete, barriers, d[abi::F_WAIT1_BARRIER], d[abi::F_WAIT1_COUNT], error, timeout_ns, d));
+          wait_task_inputs(S.ctx.complete, barriers, error, timeout_ns, d);
       if (!ok) c.abort();  // and the producer stops waiting for ring space
       if (trace) run_start = global_timer_ns();
     }

@@ -65,6 +65,13 @@ __device__ __forceinline__ bool wait_input(uint32_t* complete, int* barriers, in
   return true;
 }
 
+// The consumer leader's waits on a task's two input barriers, in the descriptor's order.
+__device__ __forceinline__ bool wait_task_inputs(uint32_t* complete, int* barriers, int* error, long long timeout_ns,
+                                                 const int* desc) {
+  return wait_input(complete, barriers, desc[abi::F_WAIT0_BARRIER], desc[abi::F_WAIT0_COUNT], error, timeout_ns, desc) &&
+         wait_input(complete, barriers, desc[abi::F_WAIT1_BARRIER], desc[abi::F_WAIT1_COUNT], error, timeout_ns, desc);
+}
+
 // What a consumer's waits and aborts need beyond the step table, for the loop (megakernel.cu) and for a flagged
 // task's body (abi::flagged_word), which takes its waits itself. It sits in shared memory right after the step
 // table, so an op body reaches it through its Step (Consumer::ctx) and no register holds it across the consumer
@@ -107,11 +114,7 @@ struct Consumer {
   __device__ bool wait_inputs(const Task& t) const {
     if (Role::consumer_leader()) {
       BlockContext& x = ctx();
-      if (!(wait_input(x.complete, x.barriers, t[abi::F_WAIT0_BARRIER], t[abi::F_WAIT0_COUNT], x.error, x.timeout_ns,
-                       t.d) &&
-            wait_input(x.complete, x.barriers, t[abi::F_WAIT1_BARRIER], t[abi::F_WAIT1_COUNT], x.error, x.timeout_ns,
-                       t.d)))
-        abort();
+      if (!wait_task_inputs(x.complete, x.barriers, x.error, x.timeout_ns, t.d)) abort();
     }
     consumer_sync();
     return !aborted();

@@ -191,7 +191,7 @@ __device__ void load_normed(ActTile<abi::kHidden, MH>& a, const Consumer& c, con
 __device__ __forceinline__ bool flagged_residual_rows(const Step& st, int layer, int col, void* scratch,
                                                       const int* desc, int* error, long long timeout_ns) {
   flagged::Word* stage = static_cast<flagged::Word*>(scratch);
-  bf16* xs = reinterpret_cast<bf16*>(stage + flagged::kStageWords);
+  bf16* xs = flagged::x_rows(scratch);
   for (int b = 0; b < st.batch(); ++b) {
     uint4 x;
     if (!flagged::poll_row8(st, layer, b, col, stage, x, desc, error, timeout_ns)) return false;
@@ -220,9 +220,7 @@ __device__ bool normed_gemm(Consumer& c, const Task& t, int R, float* part, Norm
                             bf16* store_hn, bool flagged) {
   const int B = c.st.batch(), bp = padded_rows(B), nstages = R / RS;
   if (B <= 8) {
-    const bf16* xs = flagged ? reinterpret_cast<const bf16*>(reinterpret_cast<const flagged::Word*>(part) +
-                                                             flagged::kStageWords)
-                             : nullptr;
+    const bf16* xs = flagged ? flagged::x_rows(part) : nullptr;
     ActTile<abi::kHidden, 1> a;
     load_normed(a, c, t, sh, flagged ? nullptr : store_x, flagged ? nullptr : store_hn, xs);
     if (flagged && store_x) {
