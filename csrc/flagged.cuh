@@ -48,17 +48,6 @@ __device__ __forceinline__ void store_pair(Word* row, int col, uint32_t pair, in
   asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(row + col / 2), "l"(word(pair, layer)) : "memory");
 }
 
-// A GEMM task's sums (part: [R][bp], output column col0 + r of batch row b, as gemm.cuh's store_rows rounds them)
-// as words: consumer thread `thread` of kConsumerThreads stores a word per pair of columns (R and col0 even).
-__device__ __forceinline__ void store_pairs(int thread, const float* part, int R, int count, int bp, int col0,
-                                            int layer, Word* rows) {
-  const int pairs = R / 2;
-  for (int idx = thread; idx < pairs * count; idx += kConsumerThreads) {
-    const int r = 2 * (idx % pairs), b = idx / pairs;
-    store_pair(rows + (long long)b * (abi::kHidden / 2), col0 + r, pack2(part[r * bp + b], part[(r + 1) * bp + b]), layer);
-  }
-}
-
 // One batch row's x_l = (x + o) + mlp of the previous layer for a consumer thread's eight columns [col, col + 8),
 // from its flagged words: the thread's twelve words (two 16-byte pieces of each of x, o and mlp) are copied into
 // `stage` (its own 96 bytes at stage + col / 8 * 12 words) with cp.async, and the pieces whose words do not all

@@ -47,9 +47,9 @@ struct DenseDownOp {
     const int row0 = t[abi::F_DENSE_DOWN_ROW0], R = t[abi::F_DENSE_DOWN_ROWS], B = c.st.batch(), bp = padded_rows(B);
     if (!gemm_task<K, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_DACT), K, B}, B, R, sh.part)) return false;
     bf16* mlp = c.st.mlp(t.layer()) + row0;
-    store_rows(c, sh.part, R, B, bp, [&](int b) { return mlp + (long long)b * abi::kHidden; });
-    if (flagged::Word* words = c.st.residual_words(abi::kResidualMlp, t.layer()))  // StepShape.flagged_residual
-      flagged::store_pairs(c.thread, sh.part, R, B, bp, row0, t.layer(), words);
+    flagged::Word* words = c.st.residual_words(abi::kResidualMlp, t.layer());  // StepShape.flagged_residual
+    if (words) words += row0 / 2;
+    store_rows(c, sh.part, R, B, bp, [&](int b) { return mlp + (long long)b * abi::kHidden; }, words, t.layer());
     return true;
   }
 };

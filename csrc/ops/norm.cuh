@@ -181,7 +181,7 @@ __device__ void load_normed(ActTile<abi::kHidden, MH>& a, const Consumer& c, con
   using Tile = ActTile<abi::kHidden, MH>;
   const int layer = t.layer();
   normed_tile(a, c, t, sh, store_x, store_hn, [&](int b, const auto& col, uint4(&v)[Tile::KCH]) {
-    return residual_vectors<Tile::KCH>(c.st, layer, b, col, v, xs);
+    return residual_vectors<Tile::KCH>(c.st, layer, b, col, v, MH == 1 ? xs : nullptr);  // flagged: batch <= 8
   });
 }
 

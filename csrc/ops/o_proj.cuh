@@ -4,7 +4,6 @@
 // 64 against a task's 131 KB of weights; slices of at most 16 rows hold theirs in registers).
 #pragma once
 
-#include "../flagged.cuh"
 #include "gemm.cuh"
 
 namespace vllm_megakernel {
@@ -27,9 +26,9 @@ struct OProjOp {
     const DenseRows rows{c.st.ptr<const bf16>(abi::S_ATTN) + (long long)b0 * K, K, B};
     if (!gemm_task<K, RS>(c, rows, B, R, sh.part)) return false;
     bf16* o = c.st.o(t.layer()) + (long long)b0 * abi::kHidden + row0;
-    store_rows(c, sh.part, R, B, bp, [&](int b) { return o + (long long)b * abi::kHidden; });
-    if (flagged::Word* words = c.st.residual_words(abi::kResidualO, t.layer()))  // StepShape.flagged_residual
-      flagged::store_pairs(c.thread, sh.part, R, B, bp, row0, t.layer(), words + (long long)b0 * (abi::kHidden / 2));
+    flagged::Word* words = c.st.residual_words(abi::kResidualO, t.layer());  // StepShape.flagged_residual
+    if (words) words += ((long long)b0 * abi::kHidden + row0) / 2;
+    store_rows(c, sh.part, R, B, bp, [&](int b) { return o + (long long)b * abi::kHidden; }, words, t.layer());
     return true;
   }
 };
