@@ -69,7 +69,11 @@ __device__ __forceinline__ Ranked choose_row(const float* row_scores, int lane, 
       if (key[j] > best) best = key[j], best_e = lane + 32 * j;  // j ascending: ties keep the lower id
     const uint32_t top = __reduce_max_sync(0xffffffffu, best);
     const int e = __reduce_min_sync(0xffffffffu, (unsigned)(best == top ? best_e : E));
-    if ((e & 31) == lane) key[e >> 5] = 0;  // knocked out for the next round
+    // knocked out for the next round; indexed by a constant, so key[] stays in registers (key[e >> 5] put it
+    // in local memory: a load and a store of it on every round, the chain's latency)
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+      if (e == lane + 32 * j) key[j] = 0;
     const float score = top >= 2u ? __uint_as_float(top - 2u) : CUDART_NAN_F;
     if (lane == k) mine.expert = e, mine.score = score;
     mine.total += score;
