@@ -8,20 +8,24 @@
 # waits before their first write) and #155, frb (fr with a 400 ns pause before a poll copies again), then #151 and #152: posted routing (pr) and local routing (lr) again, now that the
 # MoE combine checks the top-k's barrier before the down wave's (session AE's call 4 ran pr with the other order:
 # +0.19% at batch 1, the combine ending 0.9 us further behind the down wave), and jw (the consumer leader polls a
-# task's two input barriers together). In order of need, each stage only while the call's time allows it:
-# (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main against fr, frb, pr, lr and jw
-# (the A/B checks each variant's output against the reference); (2) every kernel test on main's build (the default
-# path's kernel changed in session AF; fr's tests among them: the whole step bit-equal to the plain one, the words it
-# left, aborts in its polls) and compute-sanitizer memcheck / racecheck / synccheck on the default case and fr's; (3) the A/B at
-# batch 2 (fr, frb, pr) and 4 (fr, frb); (4) kernel_profile at batch 1 of the default, fr, and
-# qkv_rows=32 (160 QKV tasks: 28 SMs run two in a row, so the profile's previous-opcode table has QKV's inputs phase
-# after a QKV task, the instruction cache warm, beside after another opcode: PERF_LOG #153), likely cut by the
-# call's time. pr at batch 8 (+0.30% in session AE) and jw's kernel tests (for landing jw, only if
-# it wins) are left to a later call.
-# `bash call-posted-routing.sh [SECONDS]` (default 560; all of it ~600 s: the later stages are skipped on time).
+# task's two input barriers together).
+# Two parts, one call each, on the same warm machine (each ~300 s; together past one call's 600 s), `tests` first:
+# a failure there comes before any speed figure.
+# `speed`: (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main against fr, frb, pr, lr
+# and jw (the A/B checks each variant's output against the reference); (2) the same at batch 2 (fr, frb, pr) and 4
+# (fr, frb); (3) kernel_profile at batch 1 of the default, fr, and qkv_rows=32 (160 QKV tasks: 28 SMs run two in a
+# row, so the profile's previous-opcode table has QKV's inputs phase after a QKV task, the instruction cache warm,
+# beside after another opcode: PERF_LOG #153), with every task's record saved (traces.pt) for reading offline.
+# `tests`: every kernel test on main's build (the default path's kernel changed in session AF and again in AG: the
+# block context, the per-task flagged check, the writers' branches, the top-k's registers, the paired stores; fr's
+# tests are among them: the whole step bit-equal to the plain one, the words it left, aborts in its polls), then
+# compute-sanitizer memcheck / racecheck / synccheck on the default case and fr's, in one process.
+# pr at batch 8 (+0.30% in session AE) and jw's kernel tests (for landing jw, only if it wins) are left to a later call.
+# `bash call-posted-routing.sh speed|tests [SECONDS]` (default 330; later stages are skipped on time).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-560}
+part=${1:?speed or tests}
+res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${2:-330}
 left() { echo $(( limit - ($(date +%s) - start) )); }
 stamp() { echo "$1 rc=$2 ($(( $(date +%s) - start )) s)"; }
 so=variants/base.so
@@ -38,26 +42,26 @@ run() {  # NAME BATCH SECONDS VARIANT=SCHEDULE...: one process, main against jw 
     --rounds 6 --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
   stamp $name $?; cat $res/$name/table.md 2>/dev/null || tail -3 $res/$name.log
 }
-run b1 1 75 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1 pr=posted_routing=1 lr=local_routing=1
-if [ $(left) -gt 315 ]; then  # every kernel test on main's build (~105 s): the default path changed in session AF
-  # (the block context, the per-task flagged check, the writers' branches); they include fr's (the whole step
-  # bit-equal to the plain one, the words it left, aborts in its polls). Then the sanitizer's default case and fr's
-  # in one process (session AE's one case ran past 75 s after two of its three tools).
+if [ "$part" = speed ]; then
+  run b1 1 75 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1 pr=posted_routing=1 lr=local_routing=1
+  run b2 2 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1 pr=posted_routing=1
+  run b4 4 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1
+  if [ $(left) -gt 85 ]; then
+    timeout -k 5 80 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
+      --schedules "default;flagged_residual=1;qkv_rows=32" --save-traces --out $res/profile > $res/profile.log 2>&1
+    stamp profile $?; grep -A4 "^| batch | context" $res/profile/report.md | head -5
+    grep -E "^\| (qkv|router|mlp_down|o_proj|moe_combine|router_topk|mlp_up) \| [0-9]" $res/profile/report.md
+    grep -E "^\| qkv \| [0-9]+ \| [0-9-]" $res/profile/report.md  # qkv after its own opcode / after another
+  fi
+elif [ "$part" = tests ]; then
   timeout -k 5 125 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_each_opcode.py \
     tests/gpu/test_megakernel_step.py > $res/kernel-tests.txt 2>&1
   stamp kernel-tests $?; tail -1 $res/kernel-tests.txt; grep -E "^(FAILED|ERROR)" $res/kernel-tests.txt | head -8
-  cs=$(bash benchmarks/candidates/next-calls/sanitizer-from-wheel.sh)
-  COMPUTE_SANITIZER=$cs timeout -k 5 180 python3 -m pytest -v -rA -p no:cacheprovider --durations=6 \
-    tests/gpu/test_sanitizer.py -k "4500-7-pad] or flagged-residual" > $res/sanitizer.txt 2>&1
-  stamp sanitizer $?; tail -1 $res/sanitizer.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer.txt
-fi
-run b2 2 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1 pr=posted_routing=1
-run b4 4 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1
-if [ $(left) -gt 85 ]; then
-  timeout -k 5 80 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
-    --schedules "default;flagged_residual=1;qkv_rows=32" --out $res/profile > $res/profile.log 2>&1
-  stamp profile $?; grep -A4 "^| batch | context" $res/profile/report.md | head -5
-  grep -E "^\| (qkv|router|mlp_down|o_proj|moe_combine|router_topk|mlp_up) \| [0-9]" $res/profile/report.md
-  grep -E "^\| qkv \| [0-9]+ \| [0-9-]" $res/profile/report.md  # qkv after its own opcode / after another
+  if [ $(left) -gt 60 ]; then  # session AE's one case ran past 75 s after two of its three tools
+    cs=$(bash benchmarks/candidates/next-calls/sanitizer-from-wheel.sh)
+    COMPUTE_SANITIZER=$cs timeout -k 5 $(( $(left) - 10 )) python3 -m pytest -v -rA -p no:cacheprovider --durations=6 \
+      tests/gpu/test_sanitizer.py -k "4500-7-pad] or flagged-residual" > $res/sanitizer.txt 2>&1
+    stamp sanitizer $?; tail -1 $res/sanitizer.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer.txt
+  fi
 fi
 cd $OUT && tar czf r.tgz r && rm -rf r
