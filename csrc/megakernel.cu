@@ -200,20 +200,19 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
     const int op = d[abi::F_OPCODE];
     if (op == abi::OP_END) return;
     const Task t{d, layer_of(layer_table, d)};
-    unsigned long long wait_start = 0, run_start = 0;
     // A flagged task (abi::flagged_word; StepShape.flagged_residual) starts at once: its consumers poll the
     // previous layer's flagged words below, and its body takes the waits before its first write.
     const int flagged_word = abi::flagged_word(op);
     const bool flagged = flagged_word >= 0 && d[flagged_word];
     if (leader) {
-      if (trace) wait_start = global_timer_ns();
+      if (trace) S.ctx.wait_start_ns = global_timer_ns();
       // A task with nothing to do on this step's data reads nothing: it does not wait (and hold up the
       // tasks queued behind it on this SM) for inputs it will not read.
       const bool ok =
           (abi::waits_only_if_work(op) && !has_work(op, st, t)) || flagged ||
           wait_task_inputs(S.ctx.complete, barriers, error, timeout_ns, d);
       if (!ok) c.abort();  // and the producer stops waiting for ring space
-      if (trace) run_start = global_timer_ns();
+      if (trace) S.ctx.run_start_ns = global_timer_ns();
     }
     // A flagged task's inputs: every consumer polls the previous layer's flagged words of its eight columns and
     // puts x_l in the op's scratch (the task's partial sums, which it fills only from its first stage;
@@ -236,8 +235,8 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
       if (trace) {
         long long* rec = trace + (long long)d[abi::F_TASK_INDEX] * abi::kTraceWords;
         rec[abi::T_SM] = blockIdx.x;
-        rec[abi::T_WAIT_START_NS] = (long long)wait_start;
-        rec[abi::T_RUN_START_NS] = (long long)run_start;
+        rec[abi::T_WAIT_START_NS] = (long long)S.ctx.wait_start_ns;
+        rec[abi::T_RUN_START_NS] = (long long)S.ctx.run_start_ns;
         rec[abi::T_INPUTS_NS] = (long long)c.inputs_ns;
         rec[abi::T_STAGES_NS] = (long long)c.stages_ns;
         rec[abi::T_COMPUTE_END_NS] = (long long)global_timer_ns();

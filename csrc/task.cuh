@@ -83,6 +83,9 @@ struct BlockContext {
   volatile int* pipe_abort;  // the producer's and the signaller's ring waits see it
   int consumer_abort;        // written before a consumer_sync, read by every consumer after it
   uint32_t complete[kKnownBarriers / 32];  // the consumer leader's alone
+  // The consumer leader's trace stamps of its current task (traced launches only). In shared memory, not in
+  // registers: held across the task's body they spilled (24 B, STL on every task's path).
+  unsigned long long wait_start_ns, run_start_ns;
 };
 
 struct Consumer {
@@ -134,7 +137,8 @@ struct Consumer {
 // never sets the word elsewhere (schedule.StepShape and build_schedule refuse it); the loop refuses a descriptor
 // that does, with a stall record, rather than poll words nothing writes or skip waits the plain form needs.
 __device__ __forceinline__ bool flagged_form_exists(int op, const Step& st, const Task& t) {
-  if (t.layer() == 0 || st.batch() > abi::kFlaggedResidualMaxBatch) return false;
+  // the words themselves: a step without them (null) would have the polls copy from near address 0
+  if (t.layer() == 0 || st.batch() > abi::kFlaggedResidualMaxBatch || st.i(abi::S_RESIDUAL_WORDS) == 0) return false;
   return op == abi::OP_QKV_ROPE ? t[abi::F_QKV_ROPE_NORM] && !t[abi::F_QKV_ROPE_BATCH_ROWS] : t[abi::F_ROUTER_NORM] != 0;
 }
 

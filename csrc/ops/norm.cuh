@@ -235,8 +235,9 @@ __device__ bool normed_gemm(Consumer& c, const Task& t, int R, float* part, Norm
     }
     if (flagged) consumer_sync();  // every warp has its slice of xs: the GEMM's partial sums may overwrite it
     if (!gemm_stages<abi::kHidden, RS, 1>(c, a, nstages, part, R, bp)) return false;
-    if (!flagged || store_x) return true;
-    if (!c.wait_inputs(t)) return false;
+    if (!flagged) return true;
+    // before this task's and its caller's writes; with store_x they were taken above
+    if (!store_x && !c.wait_inputs(t)) return false;
     const int g = c.lane >> 2;
     if (store_hn && g < B)
 #pragma unroll
