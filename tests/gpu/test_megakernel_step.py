@@ -443,6 +443,34 @@ def test_aborts_at_any_moment_are_reported_not_hung(wide, batch, posted, flagged
     assert torch.isfinite(good[:batch]).all()
 
 
+@pytest.mark.parametrize("layer", [0, 2])
+def test_a_flagged_field_where_the_step_has_no_flagged_form_is_refused_not_polled(wide, layer):
+    """A QKV task whose flagged field is set in a step built without flagged residual words (no words to poll:
+    their step word is 0), or on layer 0 (no previous layer wrote any): the loop refuses the descriptor with a
+    stall record (FLAGGED_RESIDUAL_WAIT, expected 0) instead of copying from a null pointer or waiting out the
+    timeout, and the device runs a correct step afterwards."""
+    from vllm_megakernel.megakernel import runtime
+    from vllm_megakernel.megakernel.abi import Op
+    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+    from vllm_megakernel.paged_kv import PagedKVSim
+
+    dims, w = wide
+    sim = PagedKVSim(dims, num_requests=2, max_len=8, block_size=16, dtype=torch.bfloat16, device="cuda")
+    inp = sim.step([5, 7])
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=16, attn_splits=1, flagged_residual=False),
+                           *w.intermediates())
+    victim = next(t for t in sched.tasks if t.op == Op.QKV_ROPE and t.layer == layer)
+    victim.fields["flagged"] = 1
+    step = runtime.build_step(sched, w, inp, timeout_s=5.0)
+    with pytest.raises(runtime.MegakernelStallError,
+                       match=rf"task {victim.index} \(QKV_ROPE.* was refused: its flagged field is set"):
+        runtime.run_step(step)
+    fresh = PagedKVSim(dims, num_requests=2, max_len=8, block_size=16, dtype=torch.bfloat16, device="cuda")
+    good = build_schedule(dims, StepShape(batch=2, num_sms=16, attn_splits=1), *w.intermediates())
+    out = runtime.run_step(runtime.build_step(good, w, fresh.step([1, 2])))
+    assert torch.isfinite(out).all()
+
+
 def test_a_traced_launch_records_every_task_in_dependency_order(wide):
     """The trace is the profiling tool's only input, and a physical check of the barrier protocol: every
     task ran on the SM the schedule put it on (a claimed expert task: on one holding a place of its wave),

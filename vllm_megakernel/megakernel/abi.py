@@ -30,8 +30,8 @@ POSTED_ROUTE_WAIT = -2
 # A stall record's barrier when the wait that timed out was a consumer's poll of the previous layer's flagged
 # residual words (StepShape.flagged_residual): its expected is the flag polled for (the writing layer + 1),
 # its seen the flag of a word that did not carry it (0: never written); expected 0: the task's flagged field was
-# set where the flagged form does not exist (layer 0, a batch above KERNEL["flagged_residual_max_batch"], a
-# batch-row slice, no folded norm), refused before any poll
+# set where the flagged form does not exist (a step without the words, layer 0, a batch above
+# KERNEL["flagged_residual_max_batch"], a batch-row slice, no folded norm), refused before any poll
 FLAGGED_RESIDUAL_WAIT = -3
 
 

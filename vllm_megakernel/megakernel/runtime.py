@@ -296,7 +296,8 @@ def check(step: DeviceStep) -> None:
         waited = f"polled layer {err['layer']}'s posted route for slot {err['expected']}: {seen}"
     elif err["barrier"] == abi.FLAGGED_RESIDUAL_WAIT and err["expected"] == 0:
         waited = ("was refused: its flagged field is set where the flagged form does not exist (layer 0, a batch "
-                  f"above {abi.KERNEL['flagged_residual_max_batch']}, a batch-row slice or no folded norm)")
+                  f"above {abi.KERNEL['flagged_residual_max_batch']}, a batch-row slice, no folded norm, or a step without "
+                  "flagged words)")
     elif err["barrier"] == abi.FLAGGED_RESIDUAL_WAIT:
         waited = (f"polled layer {err['expected'] - 1}'s flagged residual words: a word still held layer "
                   f"{err['seen'] - 1}'s (-1: never written)")
