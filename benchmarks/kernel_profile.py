@@ -167,6 +167,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     hops = trace.layer_hops(sched, rec, middle)
     tails = trace.signal_tails(sched, rec, middle)
     checks = trace.input_checks(sched, rec, middle)
+    phases = trace.layer_phases(sched, rec, middle)
     task_trace = task_trace_of(sched, rec)
     # where the hardware put the blocks, and the routing's blocks on the timeline's first layer: batch 1's
     # speed differs between processes with the routing chain (PERF_LOG #93)
@@ -183,6 +184,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
             "hops": [dataclasses.asdict(r) for r in hops],
             "tails": [dataclasses.asdict(r) for r in tails],
             "checks": [dataclasses.asdict(r) for r in checks],
+            "phases": dataclasses.asdict(phases),
             "task_trace": task_trace}
 
 
@@ -269,6 +271,7 @@ def reread(out: Path, config: dict) -> str:
         layers = trace.middle_moe_layers(dims)
         named = f"MoE layers {layers[0]}-{layers[-1]}"
         text += [f"### batch {r['batch']}, context {r['context']}, schedule {row_label(r)}", "",
+                 trace.phases_markdown(trace.layer_phases(sched, rec, layers), named),
                  trace.activity_markdown(bins, named, profile["bandwidth_bytes_per_s"]),
                  trace.hops_markdown(trace.layer_hops(sched, rec, layers), named),
                  trace.tails_markdown(trace.signal_tails(sched, rec, layers), named),
@@ -382,6 +385,10 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
             if w["wave"] not in ATTENTION_WAVES:
                 other += w["span_us"] * w["layers"]
         lines += ["", f"spans of every wave but attention, summed over the step: {other / 1e3:.2f} ms"]
+        if "phases" in r:  # profiles before session AG do not have the layer cut at its routing chain
+            from vllm_megakernel.megakernel.trace import LayerPhases, phases_markdown
+
+            lines += ["", phases_markdown(LayerPhases(**r["phases"]), r["timeline"]["layers"]).rstrip("\n")]
         if "timeline" in r:  # profiles before the layer timeline existed do not have it
             from vllm_megakernel.megakernel.trace import LayerWave, timeline_markdown
 

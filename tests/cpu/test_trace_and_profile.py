@@ -70,6 +70,51 @@ def test_layer_timeline_places_each_wave_after_the_layer_start(dims):
         trace.layer_timeline(sched, rec, [dims.num_layers])  # the final norm: nothing follows it
 
 
+def test_layer_phases_cut_each_moe_layer_at_its_router_inputs_and_first_expert_run(dims):
+    """Synthetic waves back to back: a MoE layer's boundary runs from the previous layer's last o / mlp write to
+    its first router task's inputs mark, its routing from there to its first up/gate task's run, the rest to its
+    own last o / mlp write; the three sum to the period, here the distance between layer starts. A router task
+    without an inputs mark counts from its run; a layer without a router wave is refused."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    run_ns = {w: 1000 * (i + 1) for i, w in enumerate(waves)}
+    wait_ns = {w: 300 + 50 * i for i, w in enumerate(waves)}
+    rec = synthetic_records(sched, run_ns, wait_ns)
+    # the same walk as synthetic_records: each (layer, wave) in task order starts after the one before it
+    times, at, seen = {}, 1_000_000, []
+    for t in sched.tasks:
+        if (t.layer, t.wave) not in times:
+            if seen:
+                at += wait_ns[seen[-1][1]] + run_ns[seen[-1][1]] + 100
+            seen.append((t.layer, t.wave))
+            times[(t.layer, t.wave)] = (at + wait_ns[t.wave], at + wait_ns[t.wave] + run_ns[t.wave])
+    layers = trace.middle_moe_layers(dims)
+
+    def written(layer):
+        return max(times[(layer, w)][1] for w in trace.RESIDUAL_WRITER_WAVES if (layer, w) in times)
+
+    for layer in layers:
+        staged = times[(layer, "router")][0] + 100  # the synthetic inputs mark
+        want = ((staged - written(layer - 1)) / 1e3, (times[(layer, "mlp_up")][0] - staged) / 1e3,
+                (written(layer) - times[(layer, "mlp_up")][0]) / 1e3)
+        p = trace.layer_phases(sched, rec, [layer])
+        assert (p.boundary_us, p.routing_us, p.experts_us) == pytest.approx(want)
+        assert p.period_us == pytest.approx(sum(want)) and p.layers == 1
+    whole = trace.layer_phases(sched, rec, layers)
+    next_us, _ = trace.layer_timeline(sched, rec, layers)
+    assert whole.period_us == pytest.approx(next_us)  # identical layers: the writes are a period apart too
+    unmarked = rec.clone()
+    router = [t.index for t in sched.tasks if t.layer == layers[0] and t.wave == "router"]
+    unmarked[router, abi.TRACE_FIELDS.index("inputs_ns")] = 0
+    p = trace.layer_phases(sched, unmarked, layers[:1])
+    assert p.boundary_us == pytest.approx(trace.layer_phases(sched, rec, layers[:1]).boundary_us - 0.1)
+    dense = next(i for i in range(1, dims.num_layers) if dims.dense[i]) if any(dims.dense[1:]) else dims.num_layers
+    with pytest.raises(ValueError, match="not a MoE layer"):
+        trace.layer_phases(sched, rec, [dense])
+    text = trace.phases_markdown(whole, "MoE layers x-y")
+    assert f"| {whole.boundary_us:.1f} | {whole.routing_us:.1f} | {whole.experts_us:.1f} | {whole.period_us:.1f} |" in text
+
+
 def test_task_bytes_share_a_waves_bytes_among_its_tasks_that_streamed(dims):
     """Each task of a wave and layer gets an equal share of the wave's bytes in that layer; a task without a
     stage phase (an empty attention split, say) gets none and the others share its part."""
@@ -322,7 +367,7 @@ def test_every_layer_table_is_the_same_on_globaltimer_sized_stamps(dims):
                   lambda r: trace.layer_timeline(sched, r, layers), lambda r: trace.layer_ends(sched, r, layers),
                   lambda r: trace.layer_hops(sched, r, layers), lambda r: trace.signal_tails(sched, r, layers),
                   lambda r: trace.input_checks(sched, r, layers, lead_ns=50),
-                  lambda r: trace.summarize(sched, r)):
+                  lambda r: trace.layer_phases(sched, r, layers), lambda r: trace.summarize(sched, r)):
         plain = table(rec)
         assert table(shifted) == plain
     assert any(r.running > 0 for r in trace.layer_activity(sched, shifted, layers, nb, bin_us=0.1))
@@ -747,6 +792,7 @@ def test_traced_launch_reports_times_from_the_time_fields_and_where_the_blocks_r
     assert out["hops"] == [dataclasses.asdict(h) for h in trace.layer_hops(sched, rec, middle)] and out["hops"]
     assert out["tails"] == [dataclasses.asdict(x) for x in trace.signal_tails(sched, rec, middle)] and out["tails"]
     assert out["checks"] == [dataclasses.asdict(x) for x in trace.input_checks(sched, rec, middle)]
+    assert out["phases"] == dataclasses.asdict(trace.layer_phases(sched, rec, middle))
 
 
 
@@ -781,6 +827,7 @@ def test_reread_gives_the_activity_table_of_the_run_from_its_saved_records(dims,
     assert trace.hops_markdown(trace.layer_hops(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert trace.tails_markdown(trace.signal_tails(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert trace.checks_markdown(trace.input_checks(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
+    assert trace.phases_markdown(trace.layer_phases(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert max(b.consumed_gbs for b in bins) > 0
     (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12,
                                                        "results": [{**row, "batch": 2}]}))

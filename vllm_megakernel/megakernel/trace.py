@@ -24,6 +24,11 @@ last tasks belonged to, so a layer that ends late says whether a few SMs hold it
 barriers, how many were running a task, and how fast the consumers took in weight and K/V bytes (each task's
 share of its wave's bytes, spread over its stage phase): the stretches where few SMs stream are where HBM idles.
 ``layer_hops`` says how long a signal takes to start the task blocked on it, per pair of waves.
+``layer_phases`` cuts each MoE layer's period at its routing chain, from events that do not move with the
+schedule's choices (the timeline's reference, the layer's first task, is often an attention split that starts
+whenever its SM reaches it): the previous layer's last write of o or mlp, this layer's first router task with its
+activation rows staged, its first expert task's run, its own last write of o or mlp. A change that shortens the
+routing chain and not the period shows up as time moved into the phase after it.
 
 Plain torch on the host; the CPU tests feed it synthetic records.
 """
@@ -190,6 +195,64 @@ def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[f
         rows.append(LayerWave(wave, len(by_layer[layers[0]][wave]),
                               *(float(torch.tensor(c).median()) for c in cols)))
     return float(torch.tensor(period).median()), rows
+
+
+# The waves that write a layer's residual outputs o and mlp (or the expert outputs a following norm folds the MoE
+# combine from, StepShape.combine_in_norm): the layer is done when the last of them ends.
+RESIDUAL_WRITER_WAVES = ("o_proj", "mlp_down", "moe_combine")
+
+
+@dataclasses.dataclass
+class LayerPhases:
+    """One MoE layer's period cut at its routing chain (medians over the layers, us; the parts of each layer sum
+    to its period, their medians need not sum to the period's)."""
+
+    boundary_us: float  # the previous layer's last o / mlp write -> this layer's first router task's rows staged
+    routing_us: float  # -> this layer's first expert (mlp_up) task's run start
+    experts_us: float  # -> this layer's last o / mlp write
+    period_us: float  # the previous layer's last o / mlp write -> this layer's
+    layers: int  # layers read
+
+
+def layer_phases(schedule: Schedule, records: torch.Tensor, layers) -> LayerPhases:
+    """:class:`LayerPhases` over ``layers`` (MoE layers with a router wave, each after a layer that wrote o and
+    mlp). The chain starts at the router's inputs mark (its folded norm's rows staged, or hn read after a norm
+    wave; the run start where a task has no mark): with flagged residual words a router task starts before its
+    inputs exist and polls, so its run start would not say when the chain could go on."""
+    rec, f = record_fields(records)
+    run, end, inputs = f["run_start_ns"], f["end_ns"], f["inputs_ns"]
+    by_layer = defaultdict(lambda: defaultdict(list))
+    ran = ran_tasks(schedule, rec).tolist()
+    for t in schedule.tasks:
+        if ran[t.index]:
+            by_layer[t.layer][t.wave].append(t.index)
+
+    def last_write(layer: int) -> int:
+        ix = [i for w in RESIDUAL_WRITER_WAVES for i in by_layer[layer].get(w, [])]
+        if not ix:
+            raise ValueError(f"layer {layer} wrote neither o nor mlp in this schedule")
+        return max(int(end[i]) for i in ix)
+
+    parts = []
+    for layer in layers:
+        waves = by_layer[layer]
+        if not waves.get("router") or not waves.get("mlp_up"):
+            raise ValueError(f"layer {layer} has no router or no expert up/gate task that ran: not a MoE layer")
+        before, after = last_write(layer - 1), last_write(layer)
+        staged = min(int(inputs[i]) if int(inputs[i]) > 0 else int(run[i]) for i in waves["router"])
+        experts = min(int(run[i]) for i in waves["mlp_up"])
+        parts.append(((staged - before) / 1e3, (experts - staged) / 1e3, (after - experts) / 1e3, (after - before) / 1e3))
+    medians = [float(torch.tensor(c).median()) for c in zip(*parts)]
+    return LayerPhases(*medians, layers=len(parts))
+
+
+def phases_markdown(p: LayerPhases, layers: str) -> str:
+    return "\n".join([
+        f"one MoE layer cut at its routing chain ({layers}, medians over {p.layers} layers, us): the previous "
+        "layer's last o / mlp write, then this layer's first router task with its rows staged (boundary), its first "
+        "expert task's run (routing), its own last o / mlp write (experts and the rest)", "",
+        "| boundary | routing | experts and the rest | period |", "|---|---|---|---|",
+        f"| {p.boundary_us:.1f} | {p.routing_us:.1f} | {p.experts_us:.1f} | {p.period_us:.1f} |"]) + "\n"
 
 
 @dataclasses.dataclass
