@@ -13,9 +13,10 @@
 # a failure there comes before any speed figure.
 # `speed`: (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main against fr, frb, pr, lr
 # and jw (the A/B checks each variant's output against the reference); (2) the same at batch 2 (fr, frb, pr) and 4
-# (fr, frb); (3) kernel_profile at batch 1 of the default, fr, and qkv_rows=32 (160 QKV tasks: 28 SMs run two in a
+# (fr, frb); (3) kernel_profile at batch 1 of the default, fr, pr and qkv_rows=32 (160 QKV tasks: 28 SMs run two in a
 # row, so the profile's previous-opcode table has QKV's inputs phase after a QKV task, the instruction cache warm,
-# beside after another opcode: PERF_LOG #153), with every task's record saved (traces.pt) for reading offline.
+# beside after another opcode: PERF_LOG #153), with every task's record saved (traces.pt) for reading offline, and
+# each row's layer cut at its routing chain (trace.layer_phases: where fr moves the period's time).
 # `tests`: every kernel test on main's build (the default path's kernel changed in session AF and again in AG: the
 # block context, the per-task flagged check, the writers' branches, the top-k's registers, the paired stores; fr's
 # tests are among them: the whole step bit-equal to the plain one, the words it left, aborts in its polls), then
@@ -46,12 +47,13 @@ if [ "$part" = speed ]; then
   run b1 1 75 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1 pr=posted_routing=1 lr=local_routing=1
   run b2 2 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1 pr=posted_routing=1
   run b4 4 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1
-  if [ $(left) -gt 85 ]; then
-    timeout -k 5 80 python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
-      --schedules "default;flagged_residual=1;qkv_rows=32" --save-traces --out $res/profile > $res/profile.log 2>&1
+  if [ $(left) -gt 80 ]; then
+    timeout -k 5 $(( $(left) - 8 )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
+      --schedules "default;flagged_residual=1;posted_routing=1;qkv_rows=32" --save-traces --out $res/profile > $res/profile.log 2>&1
     stamp profile $?; grep -A4 "^| batch | context" $res/profile/report.md | head -5
     grep -E "^\| (qkv|router|mlp_down|o_proj|moe_combine|router_topk|mlp_up) \| [0-9]" $res/profile/report.md
     grep -E "^\| qkv \| [0-9]+ \| [0-9-]" $res/profile/report.md  # qkv after its own opcode / after another
+    grep -A2 "^| boundary |" $res/profile/report.md | grep -E "^\| [0-9]"  # each row's layer cut at its routing
   fi
 elif [ "$part" = tests ]; then
   timeout -k 5 125 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_each_opcode.py \
