@@ -498,6 +498,8 @@ def main(argv=None) -> None:
                 print(f"batch {b}, schedule {row_label(results[-1])}: {results[-1]['step_us_median']:.0f} us per "
                       f"step; SM clock {clock_text(results[-1])}", flush=True)
                 write(results)
+                if args.out and args.save_traces:  # likewise the records, for a run stopped by its time limit
+                    torch.save([r["task_trace"] for r in results if not r.get("placement")], args.out / "traces.pt")
                 torch.cuda.empty_cache()
     del pad
     traces = [r.pop("task_trace") for r in results]
