@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -241,9 +242,9 @@ def records_of(task_trace: dict):
 
 def reread(out: Path, config: dict) -> str:
     """The tables that are computed from every task's record, again, from a run's traces.pt and profile.json
-    (--save-traces), without a GPU: what the SMs do over a layer, the signal-to-run hops, the signal tails and the
-    checks that found their inputs done. The schedule is rebuilt from the row's batch, schedule and the trace's SM
-    count, and must have the trace's tasks in the trace's order."""
+    (--save-traces), without a GPU: the layer cut at its routing chain, what the SMs do over a layer, the
+    signal-to-run hops, the signal tails and the checks that found their inputs done. The schedule is rebuilt from
+    the row's batch, schedule and the trace's SM count, and must have the trace's tasks in the trace's order."""
     import torch
 
     from vllm_megakernel import reference as ref
@@ -498,16 +499,14 @@ def main(argv=None) -> None:
                 print(f"batch {b}, schedule {row_label(results[-1])}: {results[-1]['step_us_median']:.0f} us per "
                       f"step; SM clock {clock_text(results[-1])}", flush=True)
                 write(results)
-                if args.out and args.save_traces:  # likewise the records, for a run stopped by its time limit
-                    torch.save([r["task_trace"] for r in results if not r.get("placement")], args.out / "traces.pt")
+                if args.out and args.save_traces:  # likewise the records (every schedule's, on the first
+                    # placement), replaced whole: a run stopped mid-save keeps the previous rows' file
+                    traces = [r["task_trace"] for r in results if not r.get("placement")]
+                    torch.save(traces, args.out / "traces.pt.part")
+                    os.replace(args.out / "traces.pt.part", args.out / "traces.pt")
                 torch.cuda.empty_cache()
     del pad
-    traces = [r.pop("task_trace") for r in results]
-    traces = [t for t, r in zip(traces, results) if not r.get("placement")]  # every schedule's, on the first placement
-    text = write(results)
-    if args.out and args.save_traces:
-        torch.save(traces, args.out / "traces.pt")
-    print(text)
+    print(write(results))
 
 
 if __name__ == "__main__":

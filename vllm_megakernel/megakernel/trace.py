@@ -151,14 +151,20 @@ class LayerWave:
     last_end_us: float  # its last task's end: when its barrier completed
 
 
-def _tasks_by_layer(schedule: Schedule, rec: torch.Tensor, layers) -> tuple[dict[int, dict[str, list[int]]], list[int]]:
-    """({layer: {wave: indices of its tasks that ran}}, ``layers`` as a list), refusing layers without a
-    following layer (a layer's times are read against the next one's start)."""
+def _ran_by_layer(schedule: Schedule, rec: torch.Tensor) -> dict[int, dict[str, list[int]]]:
+    """{layer: {wave: indices of its tasks that ran}}."""
     ran = ran_tasks(schedule, rec).tolist()  # a list: indexing a tensor per task is slow at 385K tasks
     by_layer: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for t in schedule.tasks:
         if ran[t.index]:
             by_layer[t.layer][t.wave].append(t.index)
+    return by_layer
+
+
+def _tasks_by_layer(schedule: Schedule, rec: torch.Tensor, layers) -> tuple[dict[int, dict[str, list[int]]], list[int]]:
+    """(_ran_by_layer, ``layers`` as a list), refusing layers without a following layer (a layer's times are read
+    against the next one's start)."""
+    by_layer = _ran_by_layer(schedule, rec)
     layers = list(layers)
     if not layers or any(layer + 1 not in by_layer for layer in layers):
         raise ValueError(f"layers {layers}: each needs a following layer in the schedule")
@@ -221,11 +227,7 @@ def layer_phases(schedule: Schedule, records: torch.Tensor, layers) -> LayerPhas
     inputs exist and polls, so its run start would not say when the chain could go on."""
     rec, f = record_fields(records)
     run, end, inputs = f["run_start_ns"], f["end_ns"], f["inputs_ns"]
-    by_layer = defaultdict(lambda: defaultdict(list))
-    ran = ran_tasks(schedule, rec).tolist()
-    for t in schedule.tasks:
-        if ran[t.index]:
-            by_layer[t.layer][t.wave].append(t.index)
+    by_layer = _ran_by_layer(schedule, rec)
 
     def last_write(layer: int) -> int:
         ix = [i for w in RESIDUAL_WRITER_WAVES for i in by_layer[layer].get(w, [])]
