@@ -256,9 +256,13 @@ def reread(out: Path, config: dict) -> str:
     profile = json.loads((out / "profile.json").read_text())
     rows = [r for r in profile["results"] if not r.get("placement")]  # traces.pt holds each of their records
     traces = torch.load(out / "traces.pt", weights_only=False)
+    text = []
+    if len(rows) == len(traces) + 1:  # the run was stopped after a row's profile.json and before its traces.pt
+        text += [f"profile.json has {len(rows)} rows of the first placement and traces.pt {len(traces)}: the run "
+                 f"stopped between the two saves of its last row, which is left out here", ""]
+        rows = rows[:len(traces)]
     if len(traces) != len(rows):
         raise ValueError(f"{out}: {len(traces)} traces for {len(rows)} rows of the first placement")
-    text = []
     for r, tt in zip(rows, traces):
         shape = StepShape(batch=r["batch"], num_sms=int(tt["sm"].max()) + 1, **parse_schedule(r["schedule"]))
         sched = build_schedule(dims, shape, i_moe, i_dense)

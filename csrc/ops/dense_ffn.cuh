@@ -49,7 +49,7 @@ struct DenseDownOp {
     bf16* mlp = c.st.mlp(t.layer()) + row0;
     flagged::Word* words = c.st.residual_words(abi::kResidualMlp, t.layer());  // StepShape.flagged_residual
     if (words) words += row0 / 2;
-    store_rows(c, sh.part, R, B, bp, [&](int b) { return mlp + (long long)b * abi::kHidden; }, words, t.layer());
+    store_rows<RS>(c, sh.part, R, B, bp, [&](int b) { return mlp + (long long)b * abi::kHidden; }, words, t.layer());
     return true;
   }
 };

@@ -221,9 +221,12 @@ __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); 
 // stages, and layout.rows_per_stage gives these GEMMs 4 or 16 rows a stage). With `words` (the residual writers
 // O_PROJ and DENSE_DOWN under StepShape.flagged_residual: the task's first column of batch row 0's flagged words
 // of `layer`) each pair is also stored there as its flagged word, from the same rounded bits.
-template <class Row>
+template <int RS, class Row>
 __device__ __forceinline__ void store_rows(const Consumer& c, const float* part, int R, int count, int bp, Row row,
                                            flagged::Word* words = nullptr, int layer = 0) {
+  // R and the task's first column are whole stages of RS rows (a cut last down tile ends at hidden, also even):
+  // every pair is 4-byte aligned and none is half outside the task
+  static_assert(RS % 2 == 0 && abi::kHidden % 2 == 0, "store_rows stores two columns a store");
   const int pairs = R / 2;
   for (int idx = c.thread; idx < pairs * count; idx += kConsumerThreads) {
     const int r = 2 * (idx % pairs), b = idx / pairs;

@@ -321,7 +321,7 @@ struct MoeDownOp {
     const GatheredRows src{c.st.ptr<const bf16>(abi::S_ACT), K, count, rows, 1};
     if (!gemm_task<K, RS>(c, src, count, R, sh.part)) return false;
     bf16* eout = c.st.ptr<bf16>(abi::S_EOUT) + row0;
-    store_rows(c, sh.part, R, count, bp, [&](int b) { return eout + (long long)rows[b] * abi::kHidden; });
+    store_rows<RS>(c, sh.part, R, count, bp, [&](int b) { return eout + (long long)rows[b] * abi::kHidden; });
     return true;
   }
 };

@@ -73,8 +73,9 @@ def test_layer_timeline_places_each_wave_after_the_layer_start(dims):
 def test_layer_phases_cut_each_moe_layer_at_its_router_inputs_and_first_expert_run(dims):
     """Synthetic waves back to back: a MoE layer's boundary runs from the previous layer's last o / mlp write to
     its first router task's inputs mark, its routing from there to its first up/gate task's run, the rest to its
-    own last o / mlp write; the three sum to the period, here the distance between layer starts. A router task
-    without an inputs mark counts from its run; a layer without a router wave is refused."""
+    own last o / mlp write (a writer's compute end, not its signal); the three sum to the period, here the distance
+    between layer starts. A router task without an inputs mark counts from its run; a layer without a router wave
+    is refused."""
     sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
     waves = sorted({t.wave for t in sched.tasks})
     run_ns = {w: 1000 * (i + 1) for i, w in enumerate(waves)}
@@ -90,8 +91,8 @@ def test_layer_phases_cut_each_moe_layer_at_its_router_inputs_and_first_expert_r
             times[(t.layer, t.wave)] = (at + wait_ns[t.wave], at + wait_ns[t.wave] + run_ns[t.wave])
     layers = trace.middle_moe_layers(dims)
 
-    def written(layer):
-        return max(times[(layer, w)][1] for w in trace.RESIDUAL_WRITER_WAVES if (layer, w) in times)
+    def written(layer):  # synthetic_records stamps the compute end 200 ns before the end
+        return max(times[(layer, w)][1] - 200 for w in trace.RESIDUAL_WRITER_WAVES if (layer, w) in times)
 
     for layer in layers:
         staged = times[(layer, "router")][0] + 100  # the synthetic inputs mark
@@ -799,7 +800,8 @@ def test_traced_launch_reports_times_from_the_time_fields_and_where_the_blocks_r
 def test_reread_gives_the_activity_table_of_the_run_from_its_saved_records(dims, monkeypatch, tmp_path):
     """kernel_profile --reread on a run's profile.json and traces.pt (what --save-traces writes) rebuilds the
     schedule, turns the saved times back into records (the same records, up to the step's first wait) and gives
-    the activity table the run's own report had; a trace whose tasks are not the rebuilt schedule's is refused."""
+    the activity table the run's own report had; a trace whose tasks are not the rebuilt schedule's is refused, and
+    so is a profile with more than one row past the traces (one is a run stopped between a row's two saves)."""
     import json
 
     from benchmarks import kernel_profile
@@ -829,6 +831,13 @@ def test_reread_gives_the_activity_table_of_the_run_from_its_saved_records(dims,
     assert trace.checks_markdown(trace.input_checks(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert trace.phases_markdown(trace.layer_phases(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert max(b.consumed_gbs for b in bins) > 0
+    # a run stopped between a row's two saves: profile.json has that row, traces.pt not; the rows before it are read
+    (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12, "results": [row, row]}))
+    stopped = kernel_profile.reread(tmp_path, config)
+    assert "stopped between the two saves" in stopped and text in stopped
+    (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12, "results": [row, row, row]}))
+    with pytest.raises(ValueError, match="1 traces for 3 rows"):
+        kernel_profile.reread(tmp_path, config)
     (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12,
                                                        "results": [{**row, "batch": 2}]}))
     with pytest.raises(ValueError, match="not the traced one"):

@@ -222,18 +222,21 @@ class LayerPhases:
 
 def layer_phases(schedule: Schedule, records: torch.Tensor, layers) -> LayerPhases:
     """:class:`LayerPhases` over ``layers`` (MoE layers with a router wave, each after a layer that wrote o and
-    mlp). The chain starts at the router's inputs mark (its folded norm's rows staged, or hn read after a norm
-    wave; the run start where a task has no mark): with flagged residual words a router task starts before its
-    inputs exist and polls, so its run start would not say when the chain could go on."""
+    mlp). A write is the writer task's compute end: its outputs are stored then, before its fence and signal;
+    with flagged residual words the next layer's tasks read them from there, and without, the boundary holds
+    the hand-over (fence, signal, poll). The chain starts at the router's inputs mark, the run start where a
+    task has no mark: where the norm is folded (batch < 16) its rows normed and staged, which with flagged
+    residual words comes after the router task's start, whose polls wait for its inputs; where the norm runs as
+    a wave the mark follows hn's read, a little after the run start, and the boundary holds the norm wave."""
     rec, f = record_fields(records)
-    run, end, inputs = f["run_start_ns"], f["end_ns"], f["inputs_ns"]
+    run, written, inputs = f["run_start_ns"], f["compute_end_ns"], f["inputs_ns"]
     by_layer = _ran_by_layer(schedule, rec)
 
     def last_write(layer: int) -> int:
         ix = [i for w in RESIDUAL_WRITER_WAVES for i in by_layer[layer].get(w, [])]
         if not ix:
             raise ValueError(f"layer {layer} wrote neither o nor mlp in this schedule")
-        return max(int(end[i]) for i in ix)
+        return max(int(written[i]) for i in ix)
 
     parts = []
     for layer in layers:
