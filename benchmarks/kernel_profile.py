@@ -169,6 +169,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
     tails = trace.signal_tails(sched, rec, middle)
     checks = trace.input_checks(sched, rec, middle)
     phases = trace.layer_phases(sched, rec, middle)
+    critical = trace.critical_path(sched, rec, middle)
     task_trace = task_trace_of(sched, rec)
     # where the hardware put the blocks, and the routing's blocks on the timeline's first layer: batch 1's
     # speed differs between processes with the routing chain (PERF_LOG #93)
@@ -186,6 +187,7 @@ def traced_launch(dims, weights, inp, sched, ext=None) -> dict:
             "tails": [dataclasses.asdict(r) for r in tails],
             "checks": [dataclasses.asdict(r) for r in checks],
             "phases": dataclasses.asdict(phases),
+            "critical": dataclasses.asdict(critical),
             "task_trace": task_trace}
 
 
@@ -242,7 +244,7 @@ def records_of(task_trace: dict):
 
 def reread(out: Path, config: dict) -> str:
     """The tables that are computed from every task's record, again, from a run's traces.pt and profile.json
-    (--save-traces), without a GPU: the layer cut at its routing chain, what the SMs do over a layer, the
+    (--save-traces), without a GPU: the layer cut at its routing chain, what its period waited on, what the SMs do over a layer, the
     signal-to-run hops, the signal tails and the checks that found their inputs done. The schedule is rebuilt from
     the row's batch, schedule and the trace's SM count, and must have the trace's tasks in the trace's order."""
     import torch
@@ -277,11 +279,21 @@ def reread(out: Path, config: dict) -> str:
         named = f"MoE layers {layers[0]}-{layers[-1]}"
         text += [f"### batch {r['batch']}, context {r['context']}, schedule {row_label(r)}", "",
                  trace.phases_markdown(trace.layer_phases(sched, rec, layers), named),
+                 trace.critical_markdown(trace.critical_path(sched, rec, layers), named),
                  trace.activity_markdown(bins, named, profile["bandwidth_bytes_per_s"]),
                  trace.hops_markdown(trace.layer_hops(sched, rec, layers), named),
                  trace.tails_markdown(trace.signal_tails(sched, rec, layers), named),
                  trace.checks_markdown(trace.input_checks(sched, rec, layers), named)]
     return "\n".join(text)
+
+
+def critical_markdown_of(saved: dict, layers: str) -> str:
+    """trace.critical_markdown of a CriticalPath as profile.json keeps it (dataclasses.asdict)."""
+    from vllm_megakernel.megakernel.trace import CriticalPath, PathPart, critical_markdown
+
+    path = CriticalPath(saved["period_us"], [PathPart(**x) for x in saved["parts"]],
+                        [tuple(c) for c in saved["chains"]], saved["layers"])
+    return critical_markdown(path, layers)
 
 
 def kernel_bytes(config: dict, context: int, batch: int, distinct: float) -> float:
@@ -394,6 +406,8 @@ def report(results: list[dict], bandwidth: float, config: dict) -> str:
             from vllm_megakernel.megakernel.trace import LayerPhases, phases_markdown
 
             lines += ["", phases_markdown(LayerPhases(**r["phases"]), r["timeline"]["layers"]).rstrip("\n")]
+        if "critical" in r:  # nor what each layer's period waited on (session AH)
+            lines += ["", critical_markdown_of(r["critical"], r["timeline"]["layers"]).rstrip("\n")]
         if "timeline" in r:  # profiles before the layer timeline existed do not have it
             from vllm_megakernel.megakernel.trace import LayerWave, timeline_markdown
 

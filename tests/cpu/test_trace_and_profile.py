@@ -70,6 +70,87 @@ def test_layer_timeline_places_each_wave_after_the_layer_start(dims):
         trace.layer_timeline(sched, rec, [dims.num_layers])  # the final norm: nothing follows it
 
 
+def modelled_records(sched, durations, hop_us, tail_us=0.0, flagged_early_us=0.0):
+    """Records of the schedule run by megakernel.timing with the gap between an SM's tasks equal to the signal
+    hop (so "blocked on its inputs" means the same there and in critical_path: a signal after the SM was free).
+    Times in ns; each task's compute end tail_us before its signal. A flagged task's consumers start
+    flagged_early_us before the modelled start (their polls) and mark their inputs at the modelled start."""
+    from vllm_megakernel.megakernel import timing
+
+    timed = timing.timeline(sched, durations, hop_us=hop_us, gap_us=hop_us)
+    rec = torch.zeros(len(sched.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64)
+    col = {n: abi.TRACE_FIELDS.index(n) for n in abi.TRACE_FIELDS}
+    ns = lambda us: int(round(1_000_000 + 1000 * us))  # noqa: E731
+    for sm, tasks in enumerate(timed.sm_lists):
+        for i in tasks:
+            start, end = timed.start[i], timed.end[i]
+            rec[i, col["sm"]], rec[i, col["smid"]] = sm, sm
+            rec[i, col["wait_start_ns"]] = ns(start - hop_us)
+            rec[i, col["run_start_ns"]] = ns(start)
+            if sched.tasks[i].fields.get("flagged") and flagged_early_us:
+                rec[i, col["run_start_ns"]] = ns(start - flagged_early_us)
+                rec[i, col["inputs_ns"]], rec[i, col["stages_ns"]] = ns(start), ns((start + end) / 2)
+            rec[i, col["compute_end_ns"]] = ns(end - tail_us)
+            rec[i, col["end_ns"]] = ns(end)
+    return rec, timed
+
+
+def test_critical_path_follows_what_held_each_task_back_to_the_previous_layers_last_write(dims):
+    """A schedule run by the timing model (every task its wave's time, a signal starting a blocked task one hop
+    later, an SM's next task one hop after its last): critical_path's parts of each layer sum to its period (the
+    previous layer's last o / mlp write -> this one's); every hop it walks is the model's hop less the tail; a wave
+    ten times longer than the rest is on every layer's path with at least one task's time; and a task whose SM was
+    busy when its inputs came is reached through "queued", never through a hop."""
+    sched = build_schedule(dims, StepShape(batch=1, num_sms=6, attn_splits=2), TINY_I, TINY_DENSE_I)
+    waves = sorted({t.wave for t in sched.tasks})
+    layers = trace.middle_moe_layers(dims)
+    for slow in ("mlp_up", "attn_partial", "o_proj"):
+        durations = {w: 1.0 + 0.1 * i for i, w in enumerate(waves)}
+        durations[slow] = 20.0
+        rec, timed = modelled_records(sched, durations, hop_us=0.5, tail_us=0.2)
+        p = trace.critical_path(sched, rec, layers)
+        assert p.layers == len(layers) and sum(k for _, k in p.chains) == len(layers)
+        assert sum(r.us for r in p.parts) == pytest.approx(p.period_us, abs=1e-6)
+        assert p.period_us == pytest.approx(trace.layer_phases(sched, rec, layers).period_us)
+        own = next(r for r in p.parts if (r.wave, r.kind) == (slow, "run"))
+        assert own.layers == len(layers) and own.us >= 20.0 - 0.2 - 1e-6, p  # a task's run ends at its compute end
+        assert all(slow in c for c, _ in p.chains)
+        # each walked edge is whole: a hop is the model's (signal -> start), a tail the compute end -> signal, a
+        # queue the gap after the SM's previous task plus that task's tail (its SM was free at its signal)
+        unit = {"tail": 0.2, "queued": 0.7}
+        for r in p.parts:
+            u = 0.5 if r.kind.startswith("hop from") else unit.get(r.kind)
+            assert r.kind == "run" or u, r
+            if u:
+                per = r.us * len(layers) / r.layers
+                assert per / u == pytest.approx(round(per / u), abs=1e-6) and per >= u - 1e-6, r
+    text = trace.critical_markdown(p, "MoE layers x-y")
+    assert f"period {p.period_us:.1f} us" in text and f"| {slow} | run | {own.us:.2f} |" in text
+    # a run of one wave's tasks on one SM is written once with its count
+    assert trace._chain_text(["o_proj", " > ", "qkv", " ~ ", "mlp_up", " ~ ", "mlp_up", " > ", "mlp_down"]) == \
+        "o_proj > qkv ~ mlp_up x2 > mlp_down"
+
+
+def test_critical_path_goes_through_a_flagged_tasks_writer_to_its_inputs_mark(dims):
+    """With flagged residual words the boundary's QKV and router tasks start before their inputs and mark them when
+    the words are in: where the previous layer's writer stored them after the task started, the path goes
+    "flagged from <writer>" to the inputs mark and on to the writer, with no hop and no tail on that edge."""
+    sched = build_schedule(dims, StepShape(batch=1, num_sms=6, attn_splits=2, flagged_residual=True), TINY_I,
+                           TINY_DENSE_I)
+    assert any(t.fields.get("flagged") for t in sched.tasks)
+    waves = sorted({t.wave for t in sched.tasks})
+    durations = {w: 1.0 for w in waves}
+    durations["o_proj"] = 15.0  # every layer ends with the O projection, and the next layer waits for it
+    rec, _ = modelled_records(sched, durations, hop_us=0.5, flagged_early_us=3.0)
+    layers = trace.middle_moe_layers(dims)
+    p = trace.critical_path(sched, rec, layers)
+    assert sum(r.us for r in p.parts) == pytest.approx(p.period_us, abs=1e-6)
+    kinds = {(r.wave, r.kind) for r in p.parts}
+    assert any(k.startswith("flagged from o_proj") for _, k in kinds), kinds
+    assert not any(k == "hop from o_proj" for w, k in kinds if w in ("qkv", "router")), kinds
+    assert all(c.startswith("o_proj > ") for c, _ in p.chains), p.chains
+
+
 def test_layer_phases_cut_each_moe_layer_at_its_router_inputs_and_first_expert_run(dims):
     """Synthetic waves back to back: a MoE layer's boundary runs from the previous layer's last o / mlp write to
     its first router task's inputs mark, its routing from there to its first up/gate task's run, the rest to its
@@ -368,7 +449,8 @@ def test_every_layer_table_is_the_same_on_globaltimer_sized_stamps(dims):
                   lambda r: trace.layer_timeline(sched, r, layers), lambda r: trace.layer_ends(sched, r, layers),
                   lambda r: trace.layer_hops(sched, r, layers), lambda r: trace.signal_tails(sched, r, layers),
                   lambda r: trace.input_checks(sched, r, layers, lead_ns=50),
-                  lambda r: trace.layer_phases(sched, r, layers), lambda r: trace.summarize(sched, r)):
+                  lambda r: trace.layer_phases(sched, r, layers), lambda r: trace.critical_path(sched, r, layers),
+                  lambda r: trace.summarize(sched, r)):
         plain = table(rec)
         assert table(shifted) == plain
     assert any(r.running > 0 for r in trace.layer_activity(sched, shifted, layers, nb, bin_us=0.1))
@@ -568,6 +650,12 @@ def test_tasks_split_by_the_opcode_their_sm_ran_just_before():
     text = kernel_profile.report([dict(result, timeline=timeline, tails=tails)], bandwidth=5e12, config=config)
     assert "signal tails, per wave and the wave its SM ran next (MoE layers 2-3;" in text
     assert "| mlp_up | mlp_down | 12 | 1.47 | 2.21 |" in text
+    # what each layer's period waited on, when the row has it (rows of runs before session AH do not)
+    assert "period waited on" not in text
+    path = trace.CriticalPath(40.0, [trace.PathPart("o_proj", "queued", 1.25, 1.25 / 40, 2)], [("o_proj ~ o_proj", 2)], 2)
+    stored = json.loads(json.dumps(dataclasses.asdict(path)))  # as profile.json keeps it: the chains as lists
+    text = kernel_profile.report([dict(result, timeline=timeline, critical=stored)], bandwidth=5e12, config=config)
+    assert trace.critical_markdown(path, "MoE layers 2-3").rstrip("\n") in text
 
 
 def test_profile_rows_of_later_placements_say_which_placement_they_timed():
@@ -794,6 +882,7 @@ def test_traced_launch_reports_times_from_the_time_fields_and_where_the_blocks_r
     assert out["tails"] == [dataclasses.asdict(x) for x in trace.signal_tails(sched, rec, middle)] and out["tails"]
     assert out["checks"] == [dataclasses.asdict(x) for x in trace.input_checks(sched, rec, middle)]
     assert out["phases"] == dataclasses.asdict(trace.layer_phases(sched, rec, middle))
+    assert out["critical"] == dataclasses.asdict(trace.critical_path(sched, rec, middle)) and out["critical"]["parts"]
 
 
 
@@ -830,6 +919,7 @@ def test_reread_gives_the_activity_table_of_the_run_from_its_saved_records(dims,
     assert trace.tails_markdown(trace.signal_tails(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert trace.checks_markdown(trace.input_checks(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert trace.phases_markdown(trace.layer_phases(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
+    assert trace.critical_markdown(trace.critical_path(sched, rec, layers), f"MoE layers {layers[0]}-{layers[-1]}") in text
     assert max(b.consumed_gbs for b in bins) > 0
     # a run stopped between a row's two saves: profile.json has that row, traces.pt not; the rows before it are read
     (tmp_path / "profile.json").write_text(json.dumps({"bandwidth_bytes_per_s": 1e12, "results": [row, row]}))

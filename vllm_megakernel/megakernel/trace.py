@@ -28,7 +28,9 @@ share of its wave's bytes, spread over its stage phase): the stretches where few
 schedule's choices (the timeline's reference, the layer's first task, is often an attention split that starts
 whenever its SM reaches it): the previous layer's last write of o or mlp, this layer's first router task with its
 activation rows staged, its first expert task's run, its own last write of o or mlp. A change that shortens the
-routing chain and not the period shows up as time moved into the phase after it.
+routing chain and not the period shows up as time moved into the phase after it. ``critical_path`` walks each
+layer back from its last o / mlp write, at every task to what held its start (the last signal it waited for, or
+the SM's previous task), and says where the period went: tasks' phases, signal hops and tails, queues.
 
 Plain torch on the host; the CPU tests feed it synthetic records.
 """
@@ -258,6 +260,149 @@ def phases_markdown(p: LayerPhases, layers: str) -> str:
         "expert task's run (routing), its own last o / mlp write (experts and the rest)", "",
         "| boundary | routing | experts and the rest | period |", "|---|---|---|---|",
         f"| {p.boundary_us:.1f} | {p.routing_us:.1f} | {p.experts_us:.1f} | {p.period_us:.1f} |"]) + "\n"
+
+
+@dataclasses.dataclass
+class PathPart:
+    """Time a layer's critical path spends in one place (:func:`critical_path`)."""
+
+    wave: str  # the task's wave; for a hop or a queue the waiting task's
+    kind: str  # what the path does there (critical_path's docstring)
+    us: float  # mean per layer over the layers read (0 in those whose path does not pass here)
+    share: float  # of the mean period
+    layers: int  # layers whose path passes here
+
+
+@dataclasses.dataclass
+class CriticalPath:
+    period_us: float  # mean over the layers: the previous layer's last o / mlp write -> this layer's
+    parts: list[PathPart]  # most time first; their us sum to period_us
+    chains: list[tuple[str, int]]  # the path's tasks by wave from the previous layer's last write, most layers first
+    layers: int
+
+
+def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 3) -> CriticalPath:
+    """What each layer's period waited on, walked back from the layer's last o / mlp write (a writer's compute
+    end, as :func:`layer_phases`) to the previous layer's. At each task the walk asks what held its run start:
+
+    - its inputs, when the last signal among the barriers it waits on (for a routed expert task also its
+      producer's wait on the routing) came after its SM was free (its previous task's consumers done): the path
+      goes to that barrier's last signaller, through ``hop from <wave>`` (the signal's end stamp -> this run
+      start: the polls, the acquire, for a routed task the producer's route reads) and the signaller's ``tail``
+      (its compute end -> end stamp: the hand-over to the signaller warp, the fence, the signal);
+    - otherwise its SM: ``queued`` (the SM's previous task's compute end -> this run start: the loop's own work,
+      the dependency check that found the inputs done) and on to that previous task;
+    - a flagged task (StepShape.flagged_residual) starts without waiting and polls its inputs: when its last
+      writer's compute end came after the task's run start, ``flagged from <wave>`` (that compute end -> the
+      task's inputs mark) and on to the writer, the task's own time counted from its inputs mark.
+
+    A task's own time is ``inputs`` / ``stages`` / ``finish`` by its marks (:func:`summarize`'s phases; ``run``
+    where it has none). The parts of a layer sum to its period; they are averaged over the layers (means, so
+    that they still sum to the mean period). ``chains``: the path's waves in time order, ``>`` a signal edge,
+    ``~`` a task run after the one before it on the same SM (``wave xN``: N tasks of a wave so in a row), the
+    ``top`` most frequent with their layer counts."""
+    rec, f = record_fields(records)
+    by_layer, layers = _tasks_by_layer(schedule, rec, layers)
+    sm, end, done, run0, inputs, stages = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns",
+                                                                    "inputs_ns", "stages_ns"))
+    ran = ran_tasks(schedule, rec).tolist()
+    staged = _staged(f).tolist()
+    last: dict[int, int] = {}  # barrier -> its signaller that ended last
+    for t in schedule.tasks:
+        if ran[t.index] and t.signal != abi.NO_BARRIER and (t.signal not in last or end[t.index] > end[last[t.signal]]):
+            last[t.signal] = t.index
+    previous = {b: a for ix in _sm_run_order(schedule, ran, sm, run0) for a, b in zip(ix, ix[1:])}
+
+    def last_write(layer: int) -> int:
+        ix = [i for w in RESIDUAL_WRITER_WAVES for i in by_layer[layer].get(w, [])]
+        if not ix:
+            raise ValueError(f"layer {layer} wrote neither o nor mlp in this schedule")
+        return max(ix, key=lambda i: done[i])
+
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * len(layers))
+    chains: dict[str, int] = defaultdict(int)
+    periods = []
+    for n, layer in enumerate(layers):
+        t0, cur = done[last_write(layer - 1)], last_write(layer)
+        hi = done[cur]
+        periods.append((hi - t0) / 1e3)
+        chain = [schedule.tasks[cur].wave]
+
+        def add(wave: str, kind: str, lo: int, top_ns: int) -> bool:
+            """The part [lo, top_ns) clipped at t0; True once the walk has reached t0."""
+            totals[(wave, kind)][n] += max(0, top_ns - max(lo, t0)) / 1e3
+            return lo <= t0
+
+        reached = False
+        while not reached:
+            t = schedule.tasks[cur]
+            barriers = () if t.waits_only_if_work and not staged[cur] else \
+                t.waits + ((t.load_wait,) if t.op in abi.ROUTED_OPS and t.load_wait != abi.NO_BARRIER else ())
+            signallers = [last[b] for b in set(barriers) if b in last]
+            # a flagged task reads its writers' words as they are stored: the last compute end is what it waited for
+            flagged = bool(t.fields.get("flagged")) and inputs[cur] > 0
+            sig = max(signallers, key=lambda i: done[i] if flagged else end[i], default=None)
+            flagged = flagged and sig is not None and done[sig] > run0[cur]
+            prev = previous.get(cur)
+            ready = done[prev] if prev is not None else 0
+            own = [("inputs", run0[cur], inputs[cur]), ("stages", inputs[cur], stages[cur]), ("finish", stages[cur], hi)] \
+                if inputs[cur] > 0 and stages[cur] > 0 else [("run", run0[cur], hi)]
+            if flagged:
+                own = own[1:]  # its inputs phase was the wait for its writer's words
+            for kind, lo, top_ns in reversed(own):
+                if add(t.wave, kind, lo, top_ns):
+                    reached = True
+                    break
+            if reached:
+                break
+            if flagged:
+                reached = add(t.wave, f"flagged from {schedule.tasks[sig].wave}", done[sig], inputs[cur])
+                cur, hi, edge = sig, done[sig], " > "
+            elif sig is not None and end[sig] > ready:
+                reached = add(t.wave, f"hop from {schedule.tasks[sig].wave}", end[sig], run0[cur]) or \
+                    add(schedule.tasks[sig].wave, "tail", done[sig], end[sig])
+                cur, hi, edge = sig, done[sig], " > "
+            elif prev is not None:
+                reached = add(t.wave, "queued", done[prev], run0[cur])
+                cur, hi, edge = prev, done[prev], " ~ "
+            else:
+                break  # the SM's first task of the step, inputs ready: nothing held it
+            chain.append(edge)
+            chain.append(schedule.tasks[cur].wave)
+        chains[_chain_text(chain[::-1])] += 1
+
+    period = sum(periods) / len(periods)
+    parts = [PathPart(w, k, sum(v) / len(v), sum(v) / len(v) / period if period else 0.0, sum(1 for x in v if x > 0))
+             for (w, k), v in totals.items()]
+    parts = sorted((p for p in parts if p.layers), key=lambda p: (-p.us, p.wave, p.kind))
+    ranked = sorted(chains.items(), key=lambda c: (-c[1], c[0]))[:top]
+    return CriticalPath(period, parts, ranked, len(layers))
+
+
+def _chain_text(chain: list[str]) -> str:
+    """[wave, edge, wave, ...] in time order as text, a run of one wave's tasks on one SM as "wave xN"."""
+    out, k = [], 0
+    while k < len(chain):
+        n = 1
+        while k + 2 * n < len(chain) and chain[k + 2 * n] == chain[k] and chain[k + 2 * n - 1] == " ~ ":
+            n += 1
+        out.append(chain[k] + (f" x{n}" if n > 1 else ""))
+        if k + 2 * n - 1 < len(chain):
+            out.append(chain[k + 2 * n - 1])
+        k += 2 * n
+    return "".join(out)
+
+
+def critical_markdown(p: CriticalPath, layers: str) -> str:
+    lines = [f"what each layer's period waited on ({layers}, {p.layers} layers; walked back from the layer's last o / "
+             "mlp write to the previous layer's: a task's own phases, the signal hops and tails it waited for, or "
+             "the SM's previous task it was queued behind; means over the layers, us)", "",
+             f"period {p.period_us:.1f} us", "", "| wave | part | us | share | layers |", "|---|---|---|---|---|"]
+    for r in p.parts:
+        lines.append(f"| {r.wave} | {r.kind} | {r.us:.2f} | {100 * r.share:.0f}% | {r.layers} |")
+    lines += ["", "| the path's waves (> signal, ~ same SM) | layers |", "|---|---|"]
+    lines += [f"| {c} | {k} |" for c, k in p.chains]
+    return "\n".join(lines) + "\n"
 
 
 @dataclasses.dataclass

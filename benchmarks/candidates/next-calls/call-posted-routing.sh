@@ -16,7 +16,8 @@
 # (fr, frb); (3) kernel_profile at batch 1 of the default, fr, pr and qkv_rows=32 (160 QKV tasks: 28 SMs run two in a
 # row, so the profile's previous-opcode table has QKV's inputs phase after a QKV task, the instruction cache warm,
 # beside after another opcode: PERF_LOG #153), with every task's record saved (traces.pt) for reading offline, and
-# each row's layer cut at its routing chain (trace.layer_phases: where fr moves the period's time).
+# each row's layer cut at its routing chain (trace.layer_phases: where fr moves the period's time) and walked back
+# along what it waited on (trace.critical_path: which hops, tails and queues the period is made of).
 # `tests`: every kernel test on main's build (the default path's kernel changed in session AF and again in AG: the
 # block context, the per-task flagged check, the writers' branches, the top-k's registers, the paired stores; fr's
 # tests are among them: the whole step bit-equal to the plain one, the words it left, aborts in its polls), then
@@ -54,6 +55,8 @@ if [ "$part" = speed ]; then
     grep -E "^\| (qkv|router|mlp_down|o_proj|moe_combine|router_topk|mlp_up) \| [0-9]" $res/profile/report.md
     grep -E "^\| qkv \| [0-9]+ \| [0-9-]" $res/profile/report.md  # qkv after its own opcode / after another
     grep -A2 "^| boundary |" $res/profile/report.md | grep -E "^\| [0-9]"  # each row's layer cut at its routing
+    grep -E "^period |^\| [a-z_]+ \| (hop from|flagged from|queued)" $res/profile/report.md | head -40  # what it waited on
+    grep -A2 "^| the path's waves" $res/profile/report.md | grep -vE "^\|---|^\| the path"
   fi
 elif [ "$part" = tests ]; then
   timeout -k 5 125 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_each_opcode.py \
