@@ -151,6 +151,46 @@ def test_critical_path_goes_through_a_flagged_tasks_writer_to_its_inputs_mark(di
     assert all(c.startswith("o_proj > ") for c, _ in p.chains), p.chains
 
 
+def test_critical_path_walks_a_hand_made_layer_through_hops_tails_and_a_posted_routing_poll():
+    """One MoE layer by hand (us): the previous layer's MoE combine writes last at 11; the router runs from 11.7, the
+    top-k from 13.7 and posts its words by 15; the up/gate task (posted routing: its barrier is the router's, its
+    producer polls the top-k's words) runs from 15.5, the down task from 20.5, the MoE combine, the layer's last
+    write, from 22.6 to 23. The walk goes back along every signal and the posted words, each part as long as it
+    was, and ends at the previous layer's write; the O projection, done early, is not on it."""
+    from types import SimpleNamespace
+
+    from vllm_megakernel.megakernel.schedule import Task
+
+    NB = abi.NO_BARRIER
+    specs = [  # (op, layer, wave, waits, signal, load_wait, load_post, sm, run, done, end)
+        (Op.O_PROJ, 1, "o_proj", (), 0, NB, -1, 5, 8.0, 10.0, 10.2),
+        (Op.MOE_COMBINE, 1, "moe_combine", (), 1, NB, -1, 3, 9.0, 11.0, 11.2),
+        (Op.ROUTER, 2, "router", (0, 1), 2, NB, -1, 0, 11.7, 13.0, 13.2),
+        (Op.ROUTER_TOPK, 2, "router_topk", (2,), 3, NB, -1, 1, 13.7, 15.0, 15.2),
+        (Op.MOE_UPGATE, 2, "mlp_up", (2,), 4, 2, 3, 2, 15.5, 20.0, 20.2),
+        (Op.MOE_DOWN, 2, "mlp_down", (4,), 5, 2, 3, 2, 20.5, 22.0, 22.2),
+        (Op.MOE_COMBINE, 2, "moe_combine", (5, 3), 6, NB, -1, 3, 22.6, 23.0, 23.2),
+        (Op.O_PROJ, 2, "o_proj", (), 7, NB, -1, 4, 5.0, 8.0, 8.2),
+        (Op.ROUTER, 3, "router", (6, 7), 8, NB, -1, 0, 23.7, 25.0, 25.2),
+    ]
+    tasks, rec = [], torch.zeros(len(specs), len(abi.TRACE_FIELDS), dtype=torch.int64)
+    col = {n: abi.TRACE_FIELDS.index(n) for n in abi.TRACE_FIELDS}
+    for i, (op, layer, wave, waits, signal, load_wait, load_post, sm, run, done, end) in enumerate(specs):
+        tasks.append(Task(i, op, layer, wave, {}, waits, signal, (), (), load_wait=load_wait, sm=sm, load_post=load_post))
+        for name, us in (("wait_start_ns", run - 0.3), ("run_start_ns", run), ("compute_end_ns", done), ("end_ns", end)):
+            rec[i, col[name]] = int(round(1000 * us))
+        rec[i, col["sm"]] = rec[i, col["smid"]] = sm
+    p = trace.critical_path(SimpleNamespace(tasks=tasks), rec, [2])
+    got = {(r.wave, r.kind): round(r.us, 6) for r in p.parts}
+    assert got == {("moe_combine", "run"): 0.4, ("moe_combine", "hop from mlp_down"): 0.4, ("mlp_down", "tail"): 0.2,
+                   ("mlp_down", "run"): 1.5, ("mlp_down", "hop from mlp_up"): 0.3, ("mlp_up", "tail"): 0.2,
+                   ("mlp_up", "run"): 4.5, ("mlp_up", "posted from router_topk"): 0.5, ("router_topk", "run"): 1.3,
+                   ("router_topk", "hop from router"): 0.5, ("router", "tail"): 0.2, ("router", "run"): 1.3,
+                   ("router", "hop from moe_combine"): 0.5, ("moe_combine", "tail"): 0.2}
+    assert p.period_us == pytest.approx(12.0) and sum(got.values()) == pytest.approx(12.0)
+    assert p.chains == [("moe_combine > router > router_topk > mlp_up > mlp_down > moe_combine", 1)]
+
+
 def test_layer_phases_cut_each_moe_layer_at_its_router_inputs_and_first_expert_run(dims):
     """Synthetic waves back to back: a MoE layer's boundary runs from the previous layer's last o / mlp write to
     its first router task's inputs mark, its routing from there to its first up/gate task's run, the rest to its

@@ -294,7 +294,10 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
       the dependency check that found the inputs done) and on to that previous task;
     - a flagged task (StepShape.flagged_residual) starts without waiting and polls its inputs: when its last
       writer's compute end came after the task's run start, ``flagged from <wave>`` (that compute end -> the
-      task's inputs mark) and on to the writer, the task's own time counted from its inputs mark.
+      task's inputs mark) and on to the writer, the task's own time counted from its inputs mark;
+    - a routed task under posted routing (its ``load_post``): when the top-k's compute end (its words were
+      posted before it) came after both its SM was free and its barriers' last signal, ``posted from <wave>``
+      (that compute end -> the run start: the producer's polls) and on to the top-k.
 
     A task's own time is ``inputs`` / ``stages`` / ``finish`` by its marks (:func:`summarize`'s phases; ``run``
     where it has none). The parts of a layer sum to its period; they are averaged over the layers (means, so
@@ -343,6 +346,8 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
             flagged = bool(t.fields.get("flagged")) and inputs[cur] > 0
             sig = max(signallers, key=lambda i: done[i] if flagged else end[i], default=None)
             flagged = flagged and sig is not None and done[sig] > run0[cur]
+            # posted routing: the producer polls the top-k's posted words after the router wave's barrier
+            post = t.load_post if t.op in abi.ROUTED_OPS and t.load_post >= 0 and ran[t.load_post] else None
             prev = previous.get(cur)
             ready = done[prev] if prev is not None else 0
             own = [("inputs", run0[cur], inputs[cur]), ("stages", inputs[cur], stages[cur]), ("finish", stages[cur], hi)] \
@@ -358,6 +363,9 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
             if flagged:
                 reached = add(t.wave, f"flagged from {schedule.tasks[sig].wave}", done[sig], inputs[cur])
                 cur, hi, edge = sig, done[sig], " > "
+            elif post is not None and done[post] > max(ready, end[sig] if sig is not None else 0):
+                reached = add(t.wave, f"posted from {schedule.tasks[post].wave}", done[post], run0[cur])
+                cur, hi, edge = post, done[post], " > "
             elif sig is not None and end[sig] > ready:
                 reached = add(t.wave, f"hop from {schedule.tasks[sig].wave}", end[sig], run0[cur]) or \
                     add(schedule.tasks[sig].wave, "tail", done[sig], end[sig])
