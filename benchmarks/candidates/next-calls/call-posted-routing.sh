@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Next session, kernel alone (no vLLM, no stash calls; carry variants/ with base.so, jw.so and frb.so, built on the CPU
-# machine from main by
+# Next session, kernel alone (no vLLM, no stash calls; carry variants/ with base.so, jw.so, frb.so and l1p.so, built on
+# the CPU machine from main by
 #   PYTHON=/path/to/python3.12 bash benchmarks/ab/build.sh variants HEAD base \
-#     jw=benchmarks/candidates/joint-input-waits.patch frb=benchmarks/candidates/flagged-poll-pause.patch
+#     jw=benchmarks/candidates/joint-input-waits.patch frb=benchmarks/candidates/flagged-poll-pause.patch \
+#     l1p=benchmarks/candidates/residual-loads-past-l1.patch
 # and .sanitizer/). PERF_LOG #154: flagged residual words (fr, StepShape.flagged_residual: the layer boundary's
 # QKV and router tasks poll the previous layer's x, o and mlp as self-flagged words from their start and take their
 # waits before their first write) and #155, frb (fr with a 400 ns pause before a poll copies again), then #151 and #152: posted routing (pr) and local routing (lr) again, now that the
@@ -23,7 +24,10 @@
 # tests are among them: the whole step bit-equal to the plain one, the words it left, aborts in its polls), then
 # compute-sanitizer memcheck / racecheck / synccheck on the default case and fr's, in one process.
 # pr at batch 8 (+0.30% in session AE) and jw's kernel tests (for landing jw, only if it wins) are left to a later call.
-# `bash call-posted-routing.sh speed|tests [SECONDS]` (default 330; later stages are skipped on time).
+# Last in `speed`, if 70 s are left: the same qkv_rows=32 profile on l1p (PERF_LOG #159), whose folded norm loads
+# past L1: the base kernel's second QKV task on an SM finds its rows in L1 (no acquire invalidated it between the two),
+# so the first profile's "after a QKV task" mixes warm code with warm data.
+# `bash call-posted-routing.sh speed|tests [SECONDS]` (default 330; later stages are skipped on time; `speed 420` runs all of it).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 part=${1:?speed or tests}
@@ -49,7 +53,8 @@ if [ "$part" = speed ]; then
   run b2 2 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1 pr=posted_routing=1
   run b4 4 55 fr=flagged_residual=1 frb=variants/frb.so@flagged_residual=1
   if [ $(left) -gt 80 ]; then
-    timeout -k 5 $(( $(left) - 8 )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
+    lim=$(( $(left) - 8 )); [ $lim -gt 120 ] && lim=120  # session AE: four rows in 80 s; the rest for l1p's row
+    timeout -k 5 $lim python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 --iters 10 \
       --schedules "default;flagged_residual=1;posted_routing=1;qkv_rows=32" --save-traces --out $res/profile > $res/profile.log 2>&1
     stamp profile $?; grep -A4 "^| batch | context" $res/profile/report.md | head -5
     grep -E "^\| (qkv|router|mlp_down|o_proj|moe_combine|router_topk|mlp_up) \| [0-9]" $res/profile/report.md
@@ -57,6 +62,15 @@ if [ "$part" = speed ]; then
     grep -A2 "^| boundary |" $res/profile/report.md | grep -E "^\| [0-9]"  # each row's layer cut at its routing
     grep -E "^period |^\| [a-z_]+ \| (hop from|flagged from|queued)" $res/profile/report.md | head -40  # what it waited on
     grep -A2 "^| the path's waves" $res/profile/report.md | grep -vE "^\|---|^\| the path"
+  fi
+  if [ $(left) -gt 70 ]; then  # PERF_LOG #159: qkv_rows=32 again with the folded norm's loads past L1 (l1p), so
+    # that a second QKV task on an SM reads its rows from L2 as the first did: what is left of "after a QKV task"
+    # against "after another" is the code's warmth
+    cp variants/l1p.so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
+    timeout -k 5 $(( $(left) - 8 )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code --batch-sizes 1 \
+      --iters 10 --schedules "qkv_rows=32" --out $res/profile-l1p > $res/profile-l1p.log 2>&1
+    stamp profile-l1p $?; grep -E "^\| (qkv|router) \| [0-9]+ \| [0-9-]" $res/profile-l1p/report.md
+    cp $so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
   fi
 elif [ "$part" = tests ]; then
   timeout -k 5 125 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_each_opcode.py \
