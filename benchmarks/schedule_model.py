@@ -11,7 +11,8 @@ and run through the model; the table gives the modelled MoE-layer period (median
 kernel_profile's timeline), its change against the modelled default, and the period the profile measured for
 that row. Expert slots in use: the profile's mean distinct experts per layer, rounded, on every MoE layer. The
 model knows dependencies, placement and claims and nothing of bandwidth (see megakernel.timing): trust it for
-where tasks wait on one another, not for bytes in flight.
+where tasks wait on one another, not for bytes in flight. `--paths` adds each schedule's modelled critical path
+(megakernel.trace.critical_path on the model's run).
 Schedules that change task sizes (tiles, splits, heads per combine, the norm's form) are refused: the
 profile's durations are for its own sizes, and so is a profile with no row of today's default tasks (another
 SM count, other defaults since). Against the measured layers of wgr-2 (h200-2026-12-01-v2-warpgroup-registers,
@@ -38,7 +39,7 @@ DEFAULT_NAMING_CHOICES = {"tiles", "attn_splits"}
 
 
 def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[str], num_sms: int,
-               hop_us: float, gap_us: float) -> list[dict]:
+               hop_us: float, gap_us: float, paths: bool = False) -> list[dict]:
     from benchmarks.kernel_profile import parse_schedule
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import timing, trace
@@ -70,11 +71,13 @@ def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[
                 raise ValueError(f"schedule {s!r} changes task sizes ({sorted(set(choices) & SIZE_CHOICES)}): the "
                                  "model would time its tasks with the profile's durations for other sizes")
             sched = build_schedule(dims, StepShape(batch=b, num_sms=num_sms, **choices), moe_i, dense_i)
-            period = timing.timeline(sched, durations, hop_us=hop_us, gap_us=gap_us,
-                                     live_slots=lambda layer: live).layer_period(sched, middle)
+            timed = timing.timeline(sched, durations, hop_us=hop_us, gap_us=gap_us, live_slots=lambda layer: live)
+            period = timed.layer_period(sched, middle)
             base = period if base is None else base
             rows.append({"batch": b, "schedule": s, "model_layer_us": period, "vs_first": period / base - 1,
                          "measured_default_layer_us": measured.get("timeline", {}).get("next_layer_us")})
+            if paths:
+                rows[-1]["critical"] = trace.critical_path(sched, timed.records(sched), middle)
     return rows
 
 
@@ -97,12 +100,22 @@ def main(argv=None) -> None:
     ap.add_argument("--num-sms", type=int, default=132)
     ap.add_argument("--hop-us", type=float, default=1.0, help="a barrier's last signal to a waiter's start")
     ap.add_argument("--gap-us", type=float, default=0.3, help="between two tasks of one SM")
+    ap.add_argument("--paths", action="store_true",
+                    help="also each schedule's modelled critical path (megakernel.trace.critical_path on the model's "
+                         "run; a task that started one hop after a signal that came within gap - hop of its SM's "
+                         "previous task reads as queued there)")
     args = ap.parse_args(argv)
     config = json.loads((Path(args.model) / "config.json").read_text())
     schedules = [s.strip() for s in args.schedules.split(";")]
     rows = model_rows(config, json.loads(args.profile.read_text()), [int(x) for x in args.batch_sizes.split(",")],
-                      schedules, args.num_sms, args.hop_us, args.gap_us)
+                      schedules, args.num_sms, args.hop_us, args.gap_us, paths=args.paths)
     print(table(rows, schedules), end="")
+    if args.paths:
+        from vllm_megakernel.megakernel.trace import critical_markdown
+
+        for r in rows:
+            print(f"\n### batch {r['batch']}, {r['schedule']} (modelled)\n")
+            print(critical_markdown(r["critical"], "the middle MoE layers"), end="")
 
 
 if __name__ == "__main__":

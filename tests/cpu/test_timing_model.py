@@ -95,6 +95,14 @@ def test_schedule_model_table_compares_schedules_on_a_profiles_durations(dims):
     assert all(r["model_layer_us"] > 0 for r in rows)
     text = schedule_model.table(rows, schedules)
     assert f"| 2 | default | {rows[0]['model_layer_us']:.1f} | +0.0% | 12.5 |" in text
+    # with each schedule's modelled critical path: its parts sum to the modelled layer's period between the layers'
+    # last writes, and the model's tasks read as whole runs (their marks span their bodies)
+    pathed = schedule_model.model_rows(config, profile, [2], schedules, num_sms=6, hop_us=1.0, gap_us=0.3, paths=True)
+    for r in pathed:
+        p = r["critical"]
+        assert sum(x.us for x in p.parts) == pytest.approx(p.period_us, abs=1e-6) and p.chains
+        assert {x.kind for x in p.parts} <= {"run", "queued"} | {x.kind for x in p.parts if x.kind.startswith("hop")}
+        assert any(x.kind == "run" for x in p.parts) and all(x.kind != "tail" for x in p.parts)
     for sized in ("moe_up_cols=16", "qkv_batch_split=2", "o_batch_split=2", "moe_combine_cols=16"):
         with pytest.raises(ValueError, match="changes task sizes"):
             schedule_model.model_rows(config, profile, [2], ["default", sized], num_sms=6, hop_us=1.0, gap_us=0.3)

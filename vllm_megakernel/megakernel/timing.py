@@ -53,6 +53,27 @@ class Timed:
         starts = self.layer_starts(schedule)
         return statistics.median(starts[layer + 1] - starts[layer] for layer in layers)
 
+    def records(self, schedule: Schedule):
+        """The model's run as a traced launch's records (abi.TRACE_FIELDS, int64 ns), for megakernel.trace: each task
+        that ran on its SM from its start to its end, its inputs and stages marks at the two ends of its body (so
+        that a split that waits only if it has work reads as having had some: the model runs every one, and
+        critical_path reads such marks as no phases), its signal at its end (no tail: the model's hop is the whole
+        signal path); a task that did not run (a dead slot's) has no record."""
+        import torch
+
+        from vllm_megakernel.megakernel import abi
+
+        rec = torch.zeros(len(schedule.tasks), len(abi.TRACE_FIELDS), dtype=torch.int64)
+        col = {name: abi.TRACE_FIELDS.index(name) for name in abi.TRACE_FIELDS}
+        for sm, tasks in enumerate(self.sm_lists):
+            for i in tasks:
+                start, end = round(1_000_000 + 1000 * self.start[i]), round(1_000_000 + 1000 * self.end[i])
+                rec[i, col["sm"]] = rec[i, col["smid"]] = sm
+                rec[i, col["wait_start_ns"]] = rec[i, col["run_start_ns"]] = start
+                rec[i, col["inputs_ns"]], rec[i, col["stages_ns"]] = start, end
+                rec[i, col["compute_end_ns"]] = rec[i, col["end_ns"]] = end
+        return rec
+
     def wave_ends(self, schedule: Schedule, layer: int) -> dict[str, tuple[float, float]]:
         """Per wave of ``layer``: (first start, last end), relative to the layer's first task start."""
         t0 = self.layer_starts(schedule)[layer]

@@ -350,8 +350,10 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
             post = t.load_post if t.op in abi.ROUTED_OPS and t.load_post >= 0 and ran[t.load_post] else None
             prev = previous.get(cur)
             ready = done[prev] if prev is not None else 0
+            # (marks that span the whole body, as timing.Timed.records writes them, say nothing of its phases)
+            marked = inputs[cur] > 0 and stages[cur] > 0 and (inputs[cur], stages[cur]) != (run0[cur], done[cur])
             own = [("inputs", run0[cur], inputs[cur]), ("stages", inputs[cur], stages[cur]), ("finish", stages[cur], hi)] \
-                if inputs[cur] > 0 and stages[cur] > 0 else [("run", run0[cur], hi)]
+                if marked else [("run", run0[cur], hi)]
             if flagged:
                 own = own[1:]  # its inputs phase was the wait for its writer's words
             for kind, lo, top_ns in reversed(own):
