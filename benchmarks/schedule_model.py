@@ -12,7 +12,9 @@ kernel_profile's timeline), its change against the modelled default, and the per
 that row. Expert slots in use: the profile's mean distinct experts per layer, rounded, on every MoE layer. The
 model knows dependencies, placement and claims and nothing of bandwidth (see megakernel.timing): trust it for
 where tasks wait on one another, not for bytes in flight. `--paths` adds each schedule's modelled critical path
-(megakernel.trace.critical_path on the model's run).
+(megakernel.trace.critical_path on the model's run). `--fluid` runs megakernel.fluid's bandwidth-aware model
+instead, which times changed task sizes too (PERF_LOG #161 compares it with measured A/Bs: the sign right on 10
+of 12, the routing chain's two not).
 Schedules that change task sizes (tiles, splits, heads per combine, the norm's form) are refused: the
 profile's durations are for its own sizes, and so is a profile with no row of today's default tasks (another
 SM count, other defaults since). Against the measured layers of wgr-2 (h200-2026-12-01-v2-warpgroup-registers,
@@ -39,10 +41,10 @@ DEFAULT_NAMING_CHOICES = {"tiles", "attn_splits"}
 
 
 def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[str], num_sms: int,
-               hop_us: float, gap_us: float, paths: bool = False) -> list[dict]:
+               hop_us: float, gap_us: float, paths: bool = False, fluid_model: bool = False) -> list[dict]:
     from benchmarks.kernel_profile import parse_schedule
     from vllm_megakernel import reference as ref
-    from vllm_megakernel.megakernel import timing, trace
+    from vllm_megakernel.megakernel import fluid, timing, trace
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 
     dims = ref.ModelDims.from_config(config)
@@ -63,25 +65,45 @@ def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[
                              f"({own.shape.attn_splits} splits, {len(own.tasks)} tasks on {num_sms} SMs): "
                              "its durations would not fit")
         durations = timing.durations_from_profile(measured)
+        costs = fluid.costs_from_profile(measured)
         live = min(own.num_slots, round(measured["distinct_experts"]))  # the routing's mean slots in use
-        base = None
+        base = base_step = None
         for s in schedules:
             choices = parse_schedule(s)
-            if set(choices) & SIZE_CHOICES:
+            if set(choices) & SIZE_CHOICES and not fluid_model:
                 raise ValueError(f"schedule {s!r} changes task sizes ({sorted(set(choices) & SIZE_CHOICES)}): the "
                                  "model would time its tasks with the profile's durations for other sizes")
             sched = build_schedule(dims, StepShape(batch=b, num_sms=num_sms, **choices), moe_i, dense_i)
-            timed = timing.timeline(sched, durations, hop_us=hop_us, gap_us=gap_us, live_slots=lambda layer: live)
+            if fluid_model:  # each task's bytes at the profile's context; its fixed costs are its wave's
+                nbytes = fluid.task_bytes(sched, [measured.get("context", 0) + 1] * b, moe_i, dense_i)
+                timed = fluid.fluid_timeline(sched, costs, nbytes, hop_us=hop_us, gap_us=gap_us,
+                                             live_slots=lambda layer: live)
+            else:
+                timed = timing.timeline(sched, durations, hop_us=hop_us, gap_us=gap_us, live_slots=lambda layer: live)
             period = timed.layer_period(sched, middle)
             base = period if base is None else base
+            step = max(e for e in timed.end if e == e)
             rows.append({"batch": b, "schedule": s, "model_layer_us": period, "vs_first": period / base - 1,
-                         "measured_default_layer_us": measured.get("timeline", {}).get("next_layer_us")})
+                         "model_step_us": step, "measured_default_layer_us": measured.get("timeline", {}).get("next_layer_us"),
+                         "measured_default_step_us": measured.get("step_us_median")})
+            base_step = step if base_step is None else base_step
+            if fluid_model:  # the step: what an A/B measures
+                rows[-1]["step_vs_first"] = step / base_step - 1
             if paths:
                 rows[-1]["critical"] = trace.critical_path(sched, timed.records(sched), middle)
     return rows
 
 
 def table(rows: list[dict], schedules: list[str]) -> str:
+    if rows and "step_vs_first" in rows[0]:  # the fluid model: the step, as an A/B times it, and the layer
+        lines = [f"| batch | schedule | modelled step us | against {schedules[0]} | modelled layer us | measured step / "
+                 "layer us (the profile's row of today's default tasks) |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            ms, ml = r.get("measured_default_step_us"), r["measured_default_layer_us"]
+            lines.append(f"| {r['batch']} | {r['schedule']} | {r['model_step_us']:.0f} | {100 * r['step_vs_first']:+.1f}% | "
+                         f"{r['model_layer_us']:.1f} | {'-' if ms is None else f'{ms:.0f}'} / "
+                         f"{'-' if ml is None else f'{ml:.1f}'} |")
+        return "\n".join(lines) + "\n"
     lines = [f"| batch | schedule | modelled layer us | against {schedules[0]} | measured layer us (the profile's row "
              "of today's default tasks) |", "|---|---|---|---|---|"]
     for r in rows:
@@ -98,8 +120,12 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-sizes", default="1")
     ap.add_argument("--schedules", default="default", help="';'-separated, the first the reference")
     ap.add_argument("--num-sms", type=int, default=132)
-    ap.add_argument("--hop-us", type=float, default=1.0, help="a barrier's last signal to a waiter's start")
+    ap.add_argument("--hop-us", type=float, help="a barrier's last signal to a waiter's start (default 1.0, 0.7 with "
+                    "--fluid)")
     ap.add_argument("--gap-us", type=float, default=0.3, help="between two tasks of one SM")
+    ap.add_argument("--fluid", action="store_true",
+                    help="megakernel.fluid's model instead (bytes per task, the HBM's curve, the ring, the claims at "
+                         "the producer): task sizes may change; the table gives the modelled step")
     ap.add_argument("--paths", action="store_true",
                     help="also each schedule's modelled critical path (megakernel.trace.critical_path on the model's "
                          "run; a task that started one hop after a signal that came within gap - hop of its SM's "
@@ -108,7 +134,8 @@ def main(argv=None) -> None:
     config = json.loads((Path(args.model) / "config.json").read_text())
     schedules = [s.strip() for s in args.schedules.split(";")]
     rows = model_rows(config, json.loads(args.profile.read_text()), [int(x) for x in args.batch_sizes.split(",")],
-                      schedules, args.num_sms, args.hop_us, args.gap_us, paths=args.paths)
+                      schedules, args.num_sms, args.hop_us if args.hop_us is not None else 0.7 if args.fluid else 1.0,
+                      args.gap_us, paths=args.paths, fluid_model=args.fluid)
     print(table(rows, schedules), end="")
     if args.paths:
         from vllm_megakernel.megakernel.trace import critical_markdown

@@ -95,6 +95,12 @@ def test_schedule_model_table_compares_schedules_on_a_profiles_durations(dims):
     assert all(r["model_layer_us"] > 0 for r in rows)
     text = schedule_model.table(rows, schedules)
     assert f"| 2 | default | {rows[0]['model_layer_us']:.1f} | +0.0% | 12.5 |" in text
+    # the fluid model times task sizes too (its costs from the same row, bytes from each task), and gives the step
+    fl = schedule_model.model_rows(config, dict(profile, results=[dict(profile["results"][0], context=64)]), [2],
+                                   ["default", "moe_up_cols=16"], num_sms=6, hop_us=0.7, gap_us=0.3, fluid_model=True)
+    assert fl[0]["step_vs_first"] == 0.0 and fl[1]["model_step_us"] > 0
+    ftext = schedule_model.table(fl, ["default", "moe_up_cols=16"])
+    assert f"| 2 | default | {fl[0]['model_step_us']:.0f} | +0.0% | {fl[0]['model_layer_us']:.1f} | - / 12.5 |" in ftext
     # with each schedule's modelled critical path: its parts sum to the modelled layer's period between the layers'
     # last writes, and the model's tasks read as whole runs (their marks span their bodies)
     pathed = schedule_model.model_rows(config, profile, [2], schedules, num_sms=6, hop_us=1.0, gap_us=0.3, paths=True)

@@ -1,0 +1,94 @@
+"""megakernel.fluid, the bandwidth-aware timing model: every task runs and every byte lands, no task streams
+faster than the HBM curve allows, fewer bytes in flight or less bandwidth never make a step faster, and the
+routing's claims and dead slots behave as in megakernel.timing."""
+
+import math
+
+import pytest
+
+from conftest import TINY_CONFIG
+from vllm_megakernel import reference as ref
+from vllm_megakernel.megakernel import fluid, trace
+from vllm_megakernel.megakernel.abi import Op
+from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
+
+TINY_I, TINY_DENSE_I = 32, 96
+
+
+@pytest.fixture(scope="module")
+def dims():
+    return ref.ModelDims.from_config(TINY_CONFIG)
+
+
+def costs_for(sched):
+    return {w: fluid.WaveCost(inputs_us=0.5, stage_work_us=0.7, finish_us=0.2, tail_us=0.3)
+            for w in {t.wave for t in sched.tasks}}
+
+
+def step_us(timed):
+    return max(e for e in timed.end if not math.isnan(e))
+
+
+def test_the_bandwidth_curve_is_the_probes_between_its_points_and_flat_past_them():
+    assert fluid.bandwidth_at(0.0) == 0.0
+    assert fluid.bandwidth_at(2.16e6) == pytest.approx(2.71e6)
+    assert fluid.bandwidth_at((2.16e6 + 4.33e6) / 2) == pytest.approx((2.71e6 + 4.14e6) / 2)
+    assert fluid.bandwidth_at(1e9) == pytest.approx(4.68e6) and fluid.bandwidth_at(1e9, scale=0.5) == pytest.approx(2.34e6)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_every_task_runs_after_its_inputs_and_its_bytes_take_their_time(dims, batch):
+    """The whole step finishes; each task starts no earlier than its barriers' completion and ends no earlier
+    than its fixed costs and its bytes at the consumers' stage pace allow; an attention split past its request's
+    keys streams nothing and takes no time."""
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=6, attn_splits=4), TINY_I, TINY_DENSE_I)
+    seq = [40 + 17 * r for r in range(batch)]
+    nbytes = fluid.task_bytes(sched, seq, TINY_I, TINY_DENSE_I)
+    costs = costs_for(sched)
+    timed = fluid.fluid_timeline(sched, costs, nbytes, stage_us=0.4, dt_us=0.01)
+    assert all(not math.isnan(timed.start[t.index]) for t in sched.tasks)
+    ends = {}
+    for t in sched.tasks:
+        if t.signal >= 0:
+            ends.setdefault(t.signal, []).append(timed.end[t.index])
+    for t in sched.tasks:
+        s, e, c = timed.start[t.index], timed.end[t.index], costs[t.wave]
+        for b in t.waits:
+            if not (t.waits_only_if_work and nbytes[t.index] == 0):
+                assert s >= max(ends[b]) - 1e-6, t.describe()
+        if t.op == Op.ATTN_PARTIAL and nbytes[t.index] == 0:
+            assert e == s
+        elif nbytes[t.index]:
+            stages = nbytes[t.index] / fluid.STAGE_BYTES
+            per = 0.9 if t.op == Op.ATTN_PARTIAL else 0.4
+            assert e - s >= c.inputs_us + c.finish_us + stages * per - 0.05, t.describe()
+    # every streaming task's bytes: its rows (or columns) of weights, or its tiles of K and V
+    qkv = next(t for t in sched.tasks if t.op == Op.QKV_ROPE)
+    assert nbytes[qkv.index] == 2 * qkv.fields["rows"] * dims.hidden
+
+
+def test_fewer_bytes_in_flight_or_less_bandwidth_never_make_the_step_faster(dims):
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=6, attn_splits=4), TINY_I, TINY_DENSE_I)
+    nbytes = [1000.0 * b for b in fluid.task_bytes(sched, [300, 500], TINY_I, TINY_DENSE_I)]  # bandwidth-bound
+    costs = costs_for(sched)
+    run = lambda **kw: step_us(fluid.fluid_timeline(sched, costs, nbytes, dt_us=0.05, **kw))  # noqa: E731
+    assert run(stages_in_flight=1) >= run(stages_in_flight=2) >= run(stages_in_flight=5) - 1e-6
+    assert run(bandwidth_scale=0.5) > run(bandwidth_scale=1.0)
+    # the HBM's curve bounds the whole step: every byte at the plateau at best
+    assert run(bandwidth_scale=1.0) >= sum(nbytes) / fluid.bandwidth_at(1e12) - 1e-6
+
+
+def test_dead_slots_are_skipped_and_their_places_end_the_claimed_wave(dims):
+    """With two of the layer's slots in use, no task of a dead slot runs, every live tile runs once, and the
+    model's records give a critical path whose parts sum to the period."""
+    sched = build_schedule(dims, StepShape(batch=3, num_sms=6, attn_splits=4), TINY_I, TINY_DENSE_I)
+    nbytes = fluid.task_bytes(sched, [40, 60, 80], TINY_I, TINY_DENSE_I)
+    timed = fluid.fluid_timeline(sched, costs_for(sched), nbytes, live_slots=lambda layer: 2, dt_us=0.02)
+    for t in sched.tasks:
+        ran = not math.isnan(timed.start[t.index])
+        assert ran == (t.op not in (Op.MOE_UPGATE, Op.MOE_DOWN) or t.fields["slot"] < 2), t.describe()
+    ran = [i for lst in timed.sm_lists for i in lst]
+    assert len(ran) == len(set(ran))
+    layers = trace.middle_moe_layers(dims)
+    p = trace.critical_path(sched, timed.records(sched), layers)
+    assert sum(r.us for r in p.parts) == pytest.approx(p.period_us, abs=1e-3)

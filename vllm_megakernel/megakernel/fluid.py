@@ -1,0 +1,276 @@
+"""A bandwidth-aware timing model of a schedule: megakernel.timing with the bytes in it.
+
+megakernel.timing gives every task its wave's measured run time whatever streams beside it, so it cannot say
+what a change of task sizes, bytes in flight or overlap does. Here each SM has the kernel's two sides:
+
+- a producer that walks the SM's list in order and streams each task's weight and K/V bytes into a ring of
+  ``ring_bytes`` (the kernel's 5 x 32 KB), ahead of the consumers and before the task's inputs are ready; a
+  routed expert task's producer first claims its tile (when it reaches the place, as the kernel's producer
+  does) and waits for its layer's routing (``load_wait``) before its bytes; a place past the live tiles is
+  skipped, and so are the SM's later places of that wave (the kernel's exhausted claim counter);
+- consumers that start a task once the SM's previous task is done (plus ``gap_us``) and its barriers have
+  completed (plus ``hop_us``), spend the wave's measured inputs phase, then take the task's bytes as they land,
+  a stage at a time at their own pace at most (freeing the ring), then the rest of the body, and signal
+  ``tail_us`` after the body's end while the SM goes on (the signaller warp).
+
+Bandwidth: a streaming producer keeps up to ``stages_in_flight`` x 32 KB (and no more than its ring's free
+room) requested; the HBM serves the whole GPU's requests at the rate the fence probe measured for that many bytes
+in flight (PROBE_BANDWIDTH, scaled to the run's copy bandwidth), and no request lands sooner than
+``latency_us``; each producer gets its share of that in proportion to the bytes it has requested.
+Nothing else is modelled: no compute floor on the stage phases, no fence that waits for the copies in flight
+(the measured tail is taken as it is), no L2. Simulated in steps of ``dt_us``.
+
+Per-wave costs come from a traced profile (kernel_profile's "waves": inputs_us, stages_us, tail_us and run_us):
+a wave's body other than its stage phase is a fixed cost, and a wave that moves no bytes keeps its measured
+stage phase as work (the top-k's rounds, the attention combine's sums). Bytes per task: ``task_bytes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from vllm_megakernel.megakernel import layout
+from vllm_megakernel.megakernel.abi import NO_BARRIER, ROUTED_OPS, Op
+from vllm_megakernel.megakernel.schedule import Schedule
+from vllm_megakernel.megakernel.timing import Timed
+
+STAGE_BYTES = 32 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class WaveCost:
+    inputs_us: float  # the body's time before its bytes (activation rows staged)
+    stage_work_us: float  # the stage phase's own work where the wave moves no bytes (else 0: the bytes set it)
+    finish_us: float  # the body's time after its last stage
+    tail_us: float  # the body's end to its signal
+
+
+def costs_from_profile(row: dict) -> dict[str, WaveCost]:
+    """Per-wave costs from one row of kernel_profile's profile.json ("waves"; a row without the phases, from before
+    they were traced, gives the whole body as the finish)."""
+    out = {}
+    for w in row["waves"]:
+        inputs, stages, tail = (w.get(k, 0.0) for k in ("inputs_us", "stages_us", "tail_us"))
+        finish = max(0.0, w["run_us"] - tail - inputs - stages)
+        out[w["wave"]] = WaveCost(inputs, stages, finish, tail)
+    return out
+
+
+def task_bytes(schedule: Schedule, seq_lens: list[int], moe_intermediate: int, dense_intermediate: int) -> list[float]:
+    """The weight and K/V bytes each task streams: its weight rows (or columns) at 2 bytes, an attention split
+    its 16-token tiles of K and V (every KV head), 0 for tasks that stream none (norms, combines, the top-k).
+    ``seq_lens``: each request's tokens including the new one."""
+    dims, shape = schedule.dims, schedule.shape
+    h, d, q = dims.hidden, dims.head_dim, dims.num_heads * dims.head_dim
+    moe_i = moe_intermediate
+    out = []
+    for t in schedule.tasks:
+        f = t.fields
+        if t.op in (Op.QKV_ROPE, Op.ROUTER):
+            n = f["rows"] * h
+        elif t.op == Op.O_PROJ:
+            n = f["rows"] * q
+        elif t.op == Op.MOE_UPGATE:
+            n = 2 * f["cols"] * h
+        elif t.op == Op.MOE_DOWN:
+            n = min(f["rows"], h - f["row0"]) * moe_i
+        elif t.op == Op.DENSE_UPGATE:
+            n = 2 * f["cols"] * h
+        elif t.op == Op.DENSE_DOWN:
+            n = f["rows"] * dense_intermediate
+        elif t.op == Op.ATTN_PARTIAL:
+            window = dims.sliding_window if dims.sliding[t.layer] else None
+            first, per, used = layout.attn_split_tiles(seq_lens[f["request"]], window, shape.attn_splits,
+                                                       shape.attn_min_tiles, shape.attn_live_splits,
+                                                       shape.attn_max_tiles)
+            s = f["split"]
+            last = -(-seq_lens[f["request"]] // layout.ATTN_TILE)
+            tiles = max(0, min(last, first + (s + 1) * per) - (first + s * per)) if s < used else 0
+            n = tiles * layout.ATTN_TILE * 2 * dims.num_kv_heads * d
+        else:
+            n = 0
+        out.append(2.0 * n)
+    return out
+
+
+# HBM throughput against the bytes in flight on the whole GPU, every SM streaming 16 KB copies: the fence probe's
+# streaming side (PERF_LOG #135, session AC call 1; 132 SMs at 16 / 32 / 48 / 64 / 96 / 160 KB each): (MB in
+# flight, TB/s). Fewer requests in flight leave the HBM's banks idle however long each one takes.
+PROBE_BANDWIDTH = ((0.0, 0.0), (2.16, 2.71), (4.33, 4.14), (6.49, 4.56), (8.65, 4.62), (12.98, 4.68), (21.6, 4.68))
+
+
+def bandwidth_at(in_flight_bytes: float, curve=PROBE_BANDWIDTH, scale: float = 1.0) -> float:
+    """Bytes per us the HBM delivers with ``in_flight_bytes`` requested (linear between the curve's points, flat
+    past the last), times ``scale`` (the run's copy bandwidth against the probe's)."""
+    mb = in_flight_bytes / 1e6
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if mb <= x1:
+            return scale * 1e6 * (y0 + (y1 - y0) * (mb - x0) / (x1 - x0))
+    return scale * 1e6 * curve[-1][1]
+
+
+def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[float], *, bandwidth_scale: float = 1.0,
+                   latency_us: float = 0.8, stages_in_flight: int | None = None, ring_bytes: int = 5 * STAGE_BYTES,
+                   hop_us: float = 0.7, gap_us: float = 0.3, live_slots=None, dt_us: float = 0.05,
+                   has_work=None, stage_us: float = 0.45, attention_stage_us: float = 0.9,
+                   routed_descriptor_us: float = 0.5) -> Timed:
+    """Runs the schedule through the model (see the module's docstring). ``live_slots(layer)``: routed slots in
+    use (every slot if None); ``has_work(task)``: whether a task that waits only if it has work has any (an
+    attention split past its request's keys does not wait and takes no time; default: bytes > 0). The consumers
+    take a landed stage (32 KB) in at least ``stage_us`` (its wait, mma and release), an attention tile in
+    ``attention_stage_us`` (scores, softmax, P V). A routed task's producer spends ``routed_descriptor_us`` after
+    its routing wait completing the descriptor (the route words' round trip) before its bytes, and its
+    consumers cannot start it before. The defaults are the values PERF_LOG #161 compared with session AE's
+    measured A/Bs (``bandwidth_scale`` 1: the probe's 4.68 TB/s plateau)."""
+    tasks, n_sms = schedule.tasks, len(schedule.sm_tasks)
+    missing = {t.wave for t in tasks} - set(costs)
+    if missing:
+        raise ValueError(f"no costs for waves {sorted(missing)}")
+    in_flight = (stages_in_flight or schedule.shape.stages_in_flight) * STAGE_BYTES
+    worked = has_work or (lambda t: nbytes[t.index] > 0)
+    dead = {t.index for t in tasks if live_slots is not None and t.op in ROUTED_OPS
+            and t.fields["slot"] >= live_slots(t.layer)}
+    claimable: dict[int, list[int]] = {}
+    for t in tasks:
+        if t.claim != NO_BARRIER:
+            claimable.setdefault(t.claim, []).append(t.index)
+    claimed = dict.fromkeys(claimable, 0)
+    counts = [0] * len(schedule.barriers)
+    done_at = [math.inf] * len(schedule.barriers)  # when each barrier completed
+    targets = [b.target for b in schedule.barriers]
+    last_signal = [0.0] * len(schedule.barriers)
+
+    def signal(b: int, at: float) -> None:
+        counts[b] += 1
+        last_signal[b] = max(last_signal[b], at)
+        if counts[b] == targets[b]:
+            done_at[b] = last_signal[b]
+
+    for i in dead:  # the top-k makes up the dead slots' down tiles; nothing live waits on their up/gate tiles
+        if tasks[i].signal != NO_BARRIER:
+            signal(tasks[i].signal, 0.0)
+
+    lists = [list(lst) for lst in schedule.sm_tasks]
+    resolved = [[tasks[i].claim == NO_BARRIER for i in lst] for lst in lists]
+    skipped = [[False] * len(lst) for lst in lists]
+    exhausted: list[set[int]] = [set() for _ in range(n_sms)]
+    delivered = [[0.0] * len(lst) for lst in lists]
+    ppc, cpc = [0] * n_sms, [0] * n_sms
+    ring = [0.0] * n_sms  # bytes landed and not yet taken by the consumers
+    taken = [0.0] * n_sms  # bytes of the consumers' current task taken so far
+    published = [[0.0 if tasks[i].op not in ROUTED_OPS else math.inf for i in lst] for lst in lists]
+    cstate = ["idle"] * n_sms  # idle -> inputs -> stream -> finish -> idle
+    ctimer = [0.0] * n_sms
+    free_at = [0.0] * n_sms
+    start = [math.nan] * len(tasks)
+    end = [math.nan] * len(tasks)
+    need = [nbytes[i] for i in range(len(tasks))]
+    remaining = sum(len(lst) for lst in lists)
+    now = 0.0
+    max_steps = int(1e7)
+    for _ in range(max_steps):
+        if remaining == 0:
+            break
+        # producers: settle claims and routing waits, then who streams and at what rate
+        asks = []
+        for sm in range(n_sms):
+            lst = lists[sm]
+            while ppc[sm] < len(lst):
+                k = ppc[sm]
+                if not resolved[sm][k]:
+                    t = tasks[lst[k]]
+                    if t.claim in exhausted[sm]:
+                        skipped[sm][k] = resolved[sm][k] = True
+                        continue
+                    lst[k] = claimable[t.claim][claimed[t.claim]]
+                    claimed[t.claim] += 1
+                    resolved[sm][k] = True
+                    if lst[k] in dead:
+                        exhausted[sm].add(t.claim)
+                if lst[k] in dead and not skipped[sm][k]:
+                    skipped[sm][k] = True
+                if skipped[sm][k]:
+                    ppc[sm] += 1
+                    continue
+                t = tasks[lst[k]]
+                if t.op in ROUTED_OPS and published[sm][k] == math.inf:
+                    if t.load_wait != NO_BARRIER and done_at[t.load_wait] + hop_us > now:
+                        break  # waiting for the routing
+                    published[sm][k] = now + routed_descriptor_us
+                if published[sm][k] > now:
+                    break  # completing the descriptor
+                if delivered[sm][k] >= need[lst[k]]:
+                    ppc[sm] += 1
+                    continue
+                room = ring_bytes - ring[sm]
+                if room > 0:
+                    asks.append((sm, min(in_flight, room)))  # the bytes it keeps requested
+                break
+        total = sum(a for _, a in asks)
+        # every request lands after latency_us at best, and the HBM serves what is in flight at its curve's rate
+        served = min(total / latency_us, bandwidth_at(total, scale=bandwidth_scale)) if total else 0.0
+        for sm, a in asks:
+            k = ppc[sm]
+            i = lists[sm][k]
+            got = min(served * a / total * dt_us, need[i] - delivered[sm][k], ring_bytes - ring[sm])
+            delivered[sm][k] += got
+            ring[sm] += got
+        # consumers
+        for sm in range(n_sms):
+            lst = lists[sm]
+            while cpc[sm] < len(lst) and skipped[sm][cpc[sm]]:
+                cpc[sm] += 1
+                remaining -= 1
+            if cpc[sm] >= len(lst):
+                continue
+            k = cpc[sm]
+            if not resolved[sm][k]:
+                continue  # the producer has not claimed this place yet
+            i = lst[k]
+            t = tasks[i]
+            c = costs[t.wave]
+            if cstate[sm] == "idle":
+                if free_at[sm] > now or published[sm][k] > now:
+                    continue
+                waits = t.waits if (not t.waits_only_if_work or worked(t)) else ()
+                if t.op in ROUTED_OPS and t.load_wait != NO_BARRIER:
+                    waits = tuple(waits) + (t.load_wait,)
+                if any(done_at[b] + hop_us > now for b in waits):
+                    continue
+                start[i] = now
+                if t.waits_only_if_work and not worked(t):
+                    end[i] = now
+                    free_at[sm] = now + gap_us
+                    if t.signal != NO_BARRIER:
+                        signal(t.signal, now + c.tail_us)
+                    cpc[sm] += 1
+                    remaining -= 1
+                    continue
+                cstate[sm], ctimer[sm] = "inputs", now + c.inputs_us
+            if cstate[sm] == "inputs" and ctimer[sm] <= now:
+                cstate[sm], ctimer[sm], taken[sm] = "stream", now + (c.stage_work_us if need[i] == 0 else 0.0), 0.0
+            if cstate[sm] == "stream" and need[i] > 0:  # the landed stages, at the consumers' own pace at most
+                per = attention_stage_us if t.op == Op.ATTN_PARTIAL else stage_us
+                got = min(delivered[sm][k] - taken[sm], STAGE_BYTES / per * dt_us)
+                taken[sm] += got
+                ring[sm] -= got
+            if cstate[sm] == "stream" and taken[sm] >= need[i] and ctimer[sm] <= now:
+                cstate[sm], ctimer[sm] = "finish", now + c.finish_us
+            if cstate[sm] == "finish" and ctimer[sm] <= now:
+                end[i] = now
+                free_at[sm] = now + gap_us
+                if t.signal != NO_BARRIER:
+                    signal(t.signal, now + c.tail_us)
+                cstate[sm] = "idle"
+                cpc[sm] += 1
+                remaining -= 1
+        now += dt_us
+    else:
+        raise ValueError("the schedule did not finish in the fluid model (a deadlock: see simulate.run)")
+    sm_lists = [[i for k, i in enumerate(lst) if not skipped[sm][k]] for sm, lst in enumerate(lists)]
+    return Timed(start, end, sm_lists)
+
+
+__all__ = ["PROBE_BANDWIDTH", "STAGE_BYTES", "WaveCost", "bandwidth_at", "costs_from_profile", "fluid_timeline",
+           "task_bytes"]
