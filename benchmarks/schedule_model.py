@@ -13,8 +13,8 @@ that row. Expert slots in use: the profile's mean distinct experts per layer, ro
 model knows dependencies, placement and claims and nothing of bandwidth (see megakernel.timing): trust it for
 where tasks wait on one another, not for bytes in flight. `--paths` adds each schedule's modelled critical path
 (megakernel.trace.critical_path on the model's run). `--fluid` runs megakernel.fluid's bandwidth-aware model
-instead, which times changed task sizes too (PERF_LOG #161 compares it with measured A/Bs: the sign right on 10
-of 12, the routing chain's two not).
+instead, which times changed task sizes too (PERF_LOG #161 compares it with measured A/Bs: right in sign on most
+size, depth and order choices, wrong on batch 1's routing chain and on dealing by layer).
 Schedules that change task sizes (tiles, splits, heads per combine, the norm's form) are refused: the
 profile's durations are for its own sizes, and so is a profile with no row of today's default tasks (another
 SM count, other defaults since). Against the measured layers of wgr-2 (h200-2026-12-01-v2-warpgroup-registers,
