@@ -13,8 +13,8 @@ that row. Expert slots in use: the profile's mean distinct experts per layer, ro
 model knows dependencies, placement and claims and nothing of bandwidth (see megakernel.timing): trust it for
 where tasks wait on one another, not for bytes in flight. `--paths` adds each schedule's modelled critical path
 (megakernel.trace.critical_path on the model's run). `--fluid` runs megakernel.fluid's bandwidth-aware model
-instead, which times changed task sizes too (PERF_LOG #161 compares it with measured A/Bs: right in sign on most
-size, depth and order choices, wrong on batch 1's routing chain and on dealing by layer).
+instead, which times changed task sizes too (PERF_LOG #161 compares it with measured A/Bs: right in sign on 11 of
+20, wrong on batch 1's routing chain, on dealing by layer and on several effects under 3%).
 Schedules that change task sizes (tiles, splits, heads per combine, the norm's form) are refused: the
 profile's durations are for its own sizes, and so is a profile with no row of today's default tasks (another
 SM count, other defaults since). Against the measured layers of wgr-2 (h200-2026-12-01-v2-warpgroup-registers,
@@ -90,7 +90,8 @@ def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[
             if fluid_model:  # the step: what an A/B measures
                 rows[-1]["step_vs_first"] = step / base_step - 1
             if paths:
-                rows[-1]["critical"] = trace.critical_path(sched, timed.records(sched), middle)
+                tails = {w: c.tail_us for w, c in costs.items()} if fluid_model else None
+                rows[-1]["critical"] = trace.critical_path(sched, timed.records(sched, tails), middle)
     return rows
 
 

@@ -47,15 +47,15 @@ def test_every_task_runs_after_its_inputs_and_its_bytes_take_their_time(dims, ba
     costs = costs_for(sched)
     timed = fluid.fluid_timeline(sched, costs, nbytes, stage_us=0.4, dt_us=0.01)
     assert all(not math.isnan(timed.start[t.index]) for t in sched.tasks)
-    ends = {}
+    signals = {}  # a barrier's signals: each signaller's end plus its wave's tail
     for t in sched.tasks:
         if t.signal >= 0:
-            ends.setdefault(t.signal, []).append(timed.end[t.index])
+            signals.setdefault(t.signal, []).append(timed.end[t.index] + costs[t.wave].tail_us)
     for t in sched.tasks:
         s, e, c = timed.start[t.index], timed.end[t.index], costs[t.wave]
         for b in t.waits:
             if not (t.waits_only_if_work and nbytes[t.index] == 0):
-                assert s >= max(ends[b]) - 1e-6, t.describe()
+                assert s >= max(signals[b]) + 0.7 - 1e-6, t.describe()  # the last signal, then the hop
         if t.op == Op.ATTN_PARTIAL and nbytes[t.index] == 0:
             assert e == s
         elif nbytes[t.index]:
@@ -92,3 +92,43 @@ def test_dead_slots_are_skipped_and_their_places_end_the_claimed_wave(dims):
     layers = trace.middle_moe_layers(dims)
     p = trace.critical_path(sched, timed.records(sched), layers)
     assert sum(r.us for r in p.parts) == pytest.approx(p.period_us, abs=1e-3)
+
+
+def test_under_posted_routing_the_experts_wait_for_the_top_k_selection(dims):
+    """Posted routing: an expert task's barrier is the router wave's, and its producer polls the top-k's posted
+    words: with a slow top-k, no up/gate task of a layer starts before that layer's top-k has chosen (its stage
+    work done) plus the hop, though the router's barrier completed long before."""
+    sched = build_schedule(dims, StepShape(batch=1, num_sms=6, attn_splits=4, posted_routing=True), TINY_I,
+                           TINY_DENSE_I)
+    costs = costs_for(sched)
+    costs["router_topk"] = fluid.WaveCost(inputs_us=0.5, stage_work_us=10.0, finish_us=0.2, tail_us=0.3)
+    nbytes = fluid.task_bytes(sched, [40], TINY_I, TINY_DENSE_I)
+    timed = fluid.fluid_timeline(sched, costs, nbytes, dt_us=0.02)
+    for t in sched.tasks:
+        if t.op == Op.MOE_UPGATE and not math.isnan(timed.start[t.index]):
+            topk = sched.tasks[t.load_post]
+            chosen = timed.end[topk.index] - costs["router_topk"].finish_us
+            assert timed.start[t.index] >= chosen + 0.7 - 1e-6, t.describe()
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(posted_routing=True), dict(flagged_residual=True),
+                                   dict(local_routing=True)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_critical_path_of_any_fluid_run_sums_to_the_period(dims, shape, seed):
+    """Random per-wave costs, bytes and model parameters, in four schedule shapes: trace.critical_path's parts of
+    the model's run (its records with the waves' tails) always sum to the period, and the path is one per layer."""
+    import random
+
+    rnd = random.Random(seed)
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=3, **shape), TINY_I, TINY_DENSE_I)
+    costs = {w: fluid.WaveCost(rnd.uniform(0, 2), rnd.uniform(0, 3), rnd.uniform(0, 2), rnd.uniform(0, 1.5))
+             for w in {t.wave for t in sched.tasks}}
+    nbytes = [b * rnd.uniform(0.5, 50) for b in fluid.task_bytes(sched, [rnd.randint(1, 90), rnd.randint(1, 90)],
+                                                                   TINY_I, TINY_DENSE_I)]
+    timed = fluid.fluid_timeline(sched, costs, nbytes, latency_us=rnd.uniform(0.3, 2), hop_us=rnd.uniform(0.1, 1.5),
+                                 gap_us=rnd.uniform(0, 1), stages_in_flight=rnd.choice([1, 2, 5]), dt_us=0.05,
+                                 live_slots=lambda layer: 2 + layer % 2)
+    layers = trace.middle_moe_layers(dims)
+    p = trace.critical_path(sched, timed.records(sched, {w: c.tail_us for w, c in costs.items()}), layers)
+    assert sum(r.us for r in p.parts) == pytest.approx(p.period_us, abs=1e-3)
+    assert sum(k for _, k in p.chains) == len(layers)

@@ -189,6 +189,20 @@ def test_critical_path_walks_a_hand_made_layer_through_hops_tails_and_a_posted_r
                    ("router", "hop from moe_combine"): 0.5, ("moe_combine", "tail"): 0.2}
     assert p.period_us == pytest.approx(12.0) and sum(got.values()) == pytest.approx(12.0)
     assert p.chains == [("moe_combine > router > router_topk > mlp_up > mlp_down > moe_combine", 1)]
+    # the top-k posts its words before its compute end: an up/gate task may start before that end, and the walk,
+    # which only moves back in time, still counts each instant once
+    rec[3, col["compute_end_ns"]], rec[3, col["end_ns"]] = 16000, 16200
+    p = trace.critical_path(SimpleNamespace(tasks=tasks), rec, [2])
+    assert sum(r.us for r in p.parts) == pytest.approx(12.0)
+    # a task with no SM predecessor and no input that ran (the router, its waits taken away): the rest is its start
+    import dataclasses as dc
+
+    alone = tasks[:2] + [dc.replace(tasks[2], waits=())] + tasks[3:]
+    p = trace.critical_path(SimpleNamespace(tasks=alone), rec, [2])
+    assert {(r.wave, r.kind): round(r.us, 6) for r in p.parts}[("router", "start")] == 0.7
+    assert sum(r.us for r in p.parts) == pytest.approx(12.0)
+    with pytest.raises(ValueError, match="needs a layer before it"):
+        trace.critical_path(SimpleNamespace(tasks=tasks), rec, [0])
 
 
 def test_layer_phases_cut_each_moe_layer_at_its_router_inputs_and_first_expert_run(dims):

@@ -7,16 +7,18 @@ what a change of task sizes, bytes in flight or overlap does. Here each SM has t
   ``ring_bytes`` (the kernel's 5 x 32 KB), ahead of the consumers and before the task's inputs are ready; a
   routed expert task's producer first claims its tile (when it reaches the place, as the kernel's producer
   does) and waits for its layer's routing (``load_wait``) before its bytes; a place past the live tiles is
-  skipped, and so are the SM's later places of that wave (the kernel's exhausted claim counter);
+  skipped once its routing is known, and so are the SM's later places of that wave without a claim (the kernel's
+  exhausted claim counter); under posted routing the producer also waits for the top-k's selection (its words);
 - consumers that start a task once the SM's previous task is done (plus ``gap_us``) and its barriers have
   completed (plus ``hop_us``), spend the wave's measured inputs phase, then take the task's bytes as they land,
   a stage at a time at their own pace at most (freeing the ring), then the rest of the body, and signal
   ``tail_us`` after the body's end while the SM goes on (the signaller warp).
 
 Bandwidth: a streaming producer keeps up to ``stages_in_flight`` x 32 KB (and no more than its ring's free
-room) requested; the HBM serves the whole GPU's requests at the rate the fence probe measured for that many bytes
-in flight (PROBE_BANDWIDTH, scaled to the run's copy bandwidth), and no request lands sooner than
-``latency_us``; each producer gets its share of that in proportion to the bytes it has requested.
+room, and no more than its task still needs) requested; the HBM serves the whole GPU's requests at the rate the
+fence probe measured for that many bytes in flight (PROBE_BANDWIDTH, scaled to the run's copy bandwidth), and at
+most at (bytes requested) / ``latency_us``; each producer gets its share in proportion to the bytes it has
+requested. A rate, not a delay: a task's first bytes land in the step after they are asked for.
 Nothing else is modelled: no compute floor on the stage phases, no fence that waits for the copies in flight
 (the measured tail is taken as it is), no L2. Simulated in steps of ``dt_us``.
 
@@ -36,6 +38,7 @@ from vllm_megakernel.megakernel.schedule import Schedule
 from vllm_megakernel.megakernel.timing import Timed
 
 STAGE_BYTES = 32 * 1024
+STALL_US = 20_000.0  # model time without a task done that counts as a deadlock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +163,7 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
     ring = [0.0] * n_sms  # bytes landed and not yet taken by the consumers
     taken = [0.0] * n_sms  # bytes of the consumers' current task taken so far
     published = [[0.0 if tasks[i].op not in ROUTED_OPS else math.inf for i in lst] for lst in lists]
+    posted_at = [math.inf] * len(tasks)  # a top-k's posted words (posted routing): when its selection was done
     cstate = ["idle"] * n_sms  # idle -> inputs -> stream -> finish -> idle
     ctimer = [0.0] * n_sms
     free_at = [0.0] * n_sms
@@ -167,36 +171,45 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
     end = [math.nan] * len(tasks)
     need = [nbytes[i] for i in range(len(tasks))]
     remaining = sum(len(lst) for lst in lists)
-    now = 0.0
-    max_steps = int(1e7)
-    for _ in range(max_steps):
-        if remaining == 0:
-            break
+    now, progress = 0.0, (remaining, 0.0)  # a deadlock: no task done for STALL_US of model time
+    while remaining:
+        if remaining != progress[0]:
+            progress = (remaining, now)
+        elif now - progress[1] > STALL_US:
+            held = [f"SM {sm}: {cstate[sm]} at {tasks[lists[sm][cpc[sm]]].describe()}" for sm in range(n_sms)
+                    if cpc[sm] < len(lists[sm])][:4]
+            raise ValueError(f"the schedule did not finish in the fluid model: no task done for {STALL_US:.0f} us "
+                             f"(a deadlock: see simulate.run); {'; '.join(held)}")
         # producers: settle claims and routing waits, then who streams and at what rate
         asks = []
         for sm in range(n_sms):
             lst = lists[sm]
             while ppc[sm] < len(lst):
                 k = ppc[sm]
-                if not resolved[sm][k]:
+                if not resolved[sm][k]:  # a claiming place: its tile's number first, as the kernel's producer
                     t = tasks[lst[k]]
-                    if t.claim in exhausted[sm]:
+                    if t.claim in exhausted[sm]:  # an earlier claim of this wave drew a dead tile: no claim
                         skipped[sm][k] = resolved[sm][k] = True
-                        continue
-                    lst[k] = claimable[t.claim][claimed[t.claim]]
-                    claimed[t.claim] += 1
-                    resolved[sm][k] = True
-                    if lst[k] in dead:
-                        exhausted[sm].add(t.claim)
-                if lst[k] in dead and not skipped[sm][k]:
-                    skipped[sm][k] = True
+                    else:
+                        lst[k] = claimable[t.claim][claimed[t.claim]]
+                        claimed[t.claim] += 1
+                        resolved[sm][k] = True
                 if skipped[sm][k]:
                     ppc[sm] += 1
                     continue
                 t = tasks[lst[k]]
                 if t.op in ROUTED_OPS and published[sm][k] == math.inf:
+                    # the routing (and under posted routing the top-k's words) before a slot is known live or dead
                     if t.load_wait != NO_BARRIER and done_at[t.load_wait] + hop_us > now:
-                        break  # waiting for the routing
+                        break
+                    if t.load_post >= 0 and posted_at[t.load_post] + hop_us > now:
+                        break
+                    if lst[k] in dead:
+                        skipped[sm][k] = True
+                        if t.claim != NO_BARRIER:
+                            exhausted[sm].add(t.claim)
+                        ppc[sm] += 1
+                        continue
                     published[sm][k] = now + routed_descriptor_us
                 if published[sm][k] > now:
                     break  # completing the descriptor
@@ -204,8 +217,8 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
                     ppc[sm] += 1
                     continue
                 room = ring_bytes - ring[sm]
-                if room > 0:
-                    asks.append((sm, min(in_flight, room)))  # the bytes it keeps requested
+                if room > 0:  # the bytes it keeps requested (at least one 4 KB request while any are left)
+                    asks.append((sm, min(in_flight, room, max(need[lst[k]] - delivered[sm][k], 4096.0))))
                 break
         total = sum(a for _, a in asks)
         # every request lands after latency_us at best, and the HBM serves what is in flight at its curve's rate
@@ -257,6 +270,7 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
                 ring[sm] -= got
             if cstate[sm] == "stream" and taken[sm] >= need[i] and ctimer[sm] <= now:
                 cstate[sm], ctimer[sm] = "finish", now + c.finish_us
+                posted_at[i] = now  # a top-k's words are posted once its selection is done
             if cstate[sm] == "finish" and ctimer[sm] <= now:
                 end[i] = now
                 free_at[sm] = now + gap_us
@@ -266,8 +280,6 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
                 cpc[sm] += 1
                 remaining -= 1
         now += dt_us
-    else:
-        raise ValueError("the schedule did not finish in the fluid model (a deadlock: see simulate.run)")
     sm_lists = [[i for k, i in enumerate(lst) if not skipped[sm][k]] for sm, lst in enumerate(lists)]
     return Timed(start, end, sm_lists)
 

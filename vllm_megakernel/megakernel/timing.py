@@ -53,12 +53,13 @@ class Timed:
         starts = self.layer_starts(schedule)
         return statistics.median(starts[layer + 1] - starts[layer] for layer in layers)
 
-    def records(self, schedule: Schedule):
+    def records(self, schedule: Schedule, tail_us: dict[str, float] | None = None):
         """The model's run as a traced launch's records (abi.TRACE_FIELDS, int64 ns), for megakernel.trace: each task
-        that ran on its SM from its start to its end, its inputs and stages marks at the two ends of its body (so
-        that a split that waits only if it has work reads as having had some: the model runs every one, and
-        critical_path reads such marks as no phases), its signal at its end (no tail: the model's hop is the whole
-        signal path); a task that did not run (a dead slot's) has no record."""
+        that ran on its SM from its start to its end, its inputs and stages marks at the two ends of its body
+        (critical_path reads such marks as no phases; a task of no time, an attention split the fluid model found
+        without work, has none), its signal at its end plus its wave's ``tail_us`` (none: this model's hop is the
+        whole signal path; the fluid model signals its waves' tails after the body); a task that did not run (a
+        dead slot's) has no record."""
         import torch
 
         from vllm_megakernel.megakernel import abi
@@ -70,8 +71,10 @@ class Timed:
                 start, end = round(1_000_000 + 1000 * self.start[i]), round(1_000_000 + 1000 * self.end[i])
                 rec[i, col["sm"]] = rec[i, col["smid"]] = sm
                 rec[i, col["wait_start_ns"]] = rec[i, col["run_start_ns"]] = start
-                rec[i, col["inputs_ns"]], rec[i, col["stages_ns"]] = start, end
-                rec[i, col["compute_end_ns"]] = rec[i, col["end_ns"]] = end
+                if end > start:
+                    rec[i, col["inputs_ns"]], rec[i, col["stages_ns"]] = start, end
+                rec[i, col["compute_end_ns"]] = end
+                rec[i, col["end_ns"]] = end + round(1000 * (tail_us or {}).get(schedule.tasks[i].wave, 0.0))
         return rec
 
     def wave_ends(self, schedule: Schedule, layer: int) -> dict[str, tuple[float, float]]:

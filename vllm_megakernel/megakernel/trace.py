@@ -299,8 +299,11 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
       posted before it) came after both its SM was free and its barriers' last signal, ``posted from <wave>``
       (that compute end -> the run start: the producer's polls) and on to the top-k.
 
-    A task's own time is ``inputs`` / ``stages`` / ``finish`` by its marks (:func:`summarize`'s phases; ``run``
-    where it has none). The parts of a layer sum to its period; they are averaged over the layers (means, so
+    A flagged task takes no barrier edge (it did not wait on them before it started); a task whose SM had nothing
+    before it and none of whose inputs ran gives the rest of the period as its ``start``. A task's own time is
+    ``inputs`` / ``stages`` / ``finish`` by its marks (:func:`summarize`'s phases; ``run`` where it has none).
+    The walk only moves back in time (a part ends where the last one began: the top-k posts its words before its
+    compute end, so an expert task can start before it), so the parts of a layer sum to its period; they are averaged over the layers (means, so
     that they still sum to the mean period). ``chains``: the path's waves in time order, ``>`` a signal edge,
     ``~`` a task run after the one before it on the same SM (``wave xN``: N tasks of a wave so in a row), the
     ``top`` most frequent with their layer counts."""
@@ -310,10 +313,14 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
                                                                     "inputs_ns", "stages_ns"))
     ran = ran_tasks(schedule, rec).tolist()
     staged = _staged(f).tolist()
-    last: dict[int, int] = {}  # barrier -> its signaller that ended last
+    last: dict[int, int] = {}  # barrier -> its signaller that signalled last
+    wrote: dict[int, int] = {}  # barrier -> its signaller whose body ended last (a flagged reader's data)
     for t in schedule.tasks:
-        if ran[t.index] and t.signal != abi.NO_BARRIER and (t.signal not in last or end[t.index] > end[last[t.signal]]):
-            last[t.signal] = t.index
+        if ran[t.index] and t.signal != abi.NO_BARRIER:
+            if t.signal not in last or end[t.index] > end[last[t.signal]]:
+                last[t.signal] = t.index
+            if t.signal not in wrote or done[t.index] > done[wrote[t.signal]]:
+                wrote[t.signal] = t.index
     previous = {b: a for ix in _sm_run_order(schedule, ran, sm, run0) for a, b in zip(ix, ix[1:])}
 
     def last_write(layer: int) -> int:
@@ -322,61 +329,72 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
             raise ValueError(f"layer {layer} wrote neither o nor mlp in this schedule")
         return max(ix, key=lambda i: done[i])
 
+    if any(layer < 1 for layer in layers):
+        raise ValueError(f"layers {layers}: each needs a layer before it (the walk ends at its last write)")
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * len(layers))
     chains: dict[str, int] = defaultdict(int)
     periods = []
     for n, layer in enumerate(layers):
         t0, cur = done[last_write(layer - 1)], last_write(layer)
-        hi = done[cur]
-        periods.append((hi - t0) / 1e3)
+        cursor = done[cur]  # the walk covers [t0, cursor) and only moves down, so no time is counted twice
+        periods.append((cursor - t0) / 1e3)
         chain = [schedule.tasks[cur].wave]
 
-        def add(wave: str, kind: str, lo: int, top_ns: int) -> bool:
-            """The part [lo, top_ns) clipped at t0; True once the walk has reached t0."""
-            totals[(wave, kind)][n] += max(0, top_ns - max(lo, t0)) / 1e3
-            return lo <= t0
+        def add(wave: str, kind: str, lo: int) -> bool:
+            """The part [lo, cursor), clipped at t0, then the cursor at lo; True once the walk has reached t0."""
+            nonlocal cursor
+            lo = max(lo, t0)
+            if lo < cursor:
+                totals[(wave, kind)][n] += (cursor - lo) / 1e3
+                cursor = lo
+            return cursor <= t0
 
         reached = False
         while not reached:
             t = schedule.tasks[cur]
             barriers = () if t.waits_only_if_work and not staged[cur] else \
                 t.waits + ((t.load_wait,) if t.op in abi.ROUTED_OPS and t.load_wait != abi.NO_BARRIER else ())
-            signallers = [last[b] for b in set(barriers) if b in last]
-            # a flagged task reads its writers' words as they are stored: the last compute end is what it waited for
-            flagged = bool(t.fields.get("flagged")) and inputs[cur] > 0
-            sig = max(signallers, key=lambda i: done[i] if flagged else end[i], default=None)
-            flagged = flagged and sig is not None and done[sig] > run0[cur]
+            # a flagged task does not wait on its barriers before it starts; it reads its writers' words as they
+            # are stored, so the writer whose body ended last is what it waited for, through its inputs mark
+            flagged = bool(t.fields.get("flagged"))
+            if flagged:
+                sig = max((wrote[b] for b in set(barriers) if b in wrote), key=lambda i: done[i], default=None)
+                gated = sig is not None and inputs[cur] > 0 and done[sig] > run0[cur]
+            else:
+                sig = max((last[b] for b in set(barriers) if b in last), key=lambda i: end[i], default=None)
+                gated = False
             # posted routing: the producer polls the top-k's posted words after the router wave's barrier
             post = t.load_post if t.op in abi.ROUTED_OPS and t.load_post >= 0 and ran[t.load_post] else None
             prev = previous.get(cur)
             ready = done[prev] if prev is not None else 0
             # (marks that span the whole body, as timing.Timed.records writes them, say nothing of its phases)
             marked = inputs[cur] > 0 and stages[cur] > 0 and (inputs[cur], stages[cur]) != (run0[cur], done[cur])
-            own = [("inputs", run0[cur], inputs[cur]), ("stages", inputs[cur], stages[cur]), ("finish", stages[cur], hi)] \
-                if marked else [("run", run0[cur], hi)]
-            if flagged:
-                own = own[1:]  # its inputs phase was the wait for its writer's words
-            for kind, lo, top_ns in reversed(own):
-                if add(t.wave, kind, lo, top_ns):
+            own = [("finish", stages[cur]), ("stages", inputs[cur]), ("inputs", run0[cur])] if marked \
+                else [("run", run0[cur])]
+            if gated:  # its inputs phase was the wait for its writer's words
+                own = [("finish", stages[cur]), ("stages", inputs[cur])] if marked else [("run", inputs[cur])]
+            for kind, lo in own:
+                if add(t.wave, kind, lo):
                     reached = True
                     break
             if reached:
                 break
-            if flagged:
-                reached = add(t.wave, f"flagged from {schedule.tasks[sig].wave}", done[sig], inputs[cur])
-                cur, hi, edge = sig, done[sig], " > "
-            elif post is not None and done[post] > max(ready, end[sig] if sig is not None else 0):
-                reached = add(t.wave, f"posted from {schedule.tasks[post].wave}", done[post], run0[cur])
-                cur, hi, edge = post, done[post], " > "
-            elif sig is not None and end[sig] > ready:
-                reached = add(t.wave, f"hop from {schedule.tasks[sig].wave}", end[sig], run0[cur]) or \
-                    add(schedule.tasks[sig].wave, "tail", done[sig], end[sig])
-                cur, hi, edge = sig, done[sig], " > "
+            if gated:
+                reached = add(t.wave, f"flagged from {schedule.tasks[sig].wave}", done[sig])
+                cur, edge = sig, " > "
+            elif post is not None and done[post] > max(ready, end[sig] if sig is not None and not flagged else 0):
+                reached = add(t.wave, f"posted from {schedule.tasks[post].wave}", done[post])
+                cur, edge = post, " > "
+            elif not flagged and sig is not None and end[sig] > ready:
+                reached = add(t.wave, f"hop from {schedule.tasks[sig].wave}", end[sig]) or \
+                    add(schedule.tasks[sig].wave, "tail", done[sig])
+                cur, edge = sig, " > "
             elif prev is not None:
-                reached = add(t.wave, "queued", done[prev], run0[cur])
-                cur, hi, edge = prev, done[prev], " ~ "
-            else:
-                break  # the SM's first task of the step, inputs ready: nothing held it
+                reached = add(t.wave, "queued", done[prev])
+                cur, edge = prev, " ~ "
+            else:  # the SM's first task, nothing it waited for ran: the rest of the period is its start
+                add(t.wave, "start", t0)
+                break
             chain.append(edge)
             chain.append(schedule.tasks[cur].wave)
         chains[_chain_text(chain[::-1])] += 1
