@@ -11,7 +11,7 @@ what a change of task sizes, bytes in flight or overlap does. Here each SM has t
   exhausted claim counter); under posted routing the producer also waits for the top-k's selection (its words);
 - consumers that start a task once the SM's previous task is done (plus ``gap_us``) and its barriers have
   completed (plus ``hop_us``), spend the wave's measured inputs phase, then take the task's bytes as they land,
-  a stage at a time at their own pace at most (freeing the ring), then the rest of the body, and signal
+  no faster than one 32 KB stage per stage_us (freeing the ring), then the rest of the body, and signal
   ``tail_us`` after the body's end while the SM goes on (the signaller warp).
 
 Bandwidth: a streaming producer keeps up to ``stages_in_flight`` x 32 KB (and no more than its ring's free
