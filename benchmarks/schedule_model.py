@@ -65,7 +65,7 @@ def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[
                              f"({own.shape.attn_splits} splits, {len(own.tasks)} tasks on {num_sms} SMs): "
                              "its durations would not fit")
         durations = timing.durations_from_profile(measured)
-        costs = fluid.costs_from_profile(measured)
+        costs = fluid.costs_from_profile(measured) if fluid_model else None
         live = min(own.num_slots, round(measured["distinct_experts"]))  # the routing's mean slots in use
         base = base_step = None
         for s in schedules:

@@ -35,7 +35,7 @@ import math
 from vllm_megakernel.megakernel import layout
 from vllm_megakernel.megakernel.abi import NO_BARRIER, ROUTED_OPS, Op
 from vllm_megakernel.megakernel.schedule import Schedule
-from vllm_megakernel.megakernel.timing import Timed
+from vllm_megakernel.megakernel.timing import Timed, claim_waves, dead_tasks
 
 STAGE_BYTES = 32 * 1024
 STALL_US = 20_000.0  # model time without a task done that counts as a deadlock
@@ -132,12 +132,8 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
         raise ValueError(f"no costs for waves {sorted(missing)}")
     in_flight = (stages_in_flight or schedule.shape.stages_in_flight) * STAGE_BYTES
     worked = has_work or (lambda t: nbytes[t.index] > 0)
-    dead = {t.index for t in tasks if live_slots is not None and t.op in ROUTED_OPS
-            and t.fields["slot"] >= live_slots(t.layer)}
-    claimable: dict[int, list[int]] = {}
-    for t in tasks:
-        if t.claim != NO_BARRIER:
-            claimable.setdefault(t.claim, []).append(t.index)
+    dead = dead_tasks(schedule, live_slots)
+    claimable = claim_waves(schedule)
     claimed = dict.fromkeys(claimable, 0)
     counts = [0] * len(schedule.barriers)
     done_at = [math.inf] * len(schedule.barriers)  # when each barrier completed

@@ -89,6 +89,22 @@ class Timed:
         return out
 
 
+def claim_waves(schedule: Schedule) -> dict[int, list[int]]:
+    """Each claim counter's wave: its tiles' task indices in the order the counter hands them out."""
+    waves: dict[int, list[int]] = {}
+    for t in schedule.tasks:
+        if t.claim != NO_BARRIER:
+            waves.setdefault(t.claim, []).append(t.index)
+    return waves
+
+
+def dead_tasks(schedule: Schedule, live_slots: Callable[[int], int] | None) -> set[int]:
+    """The routed tasks of slots past ``live_slots(layer)`` (none if it is None), which the kernel's producer skips."""
+    if live_slots is None:
+        return set()
+    return {t.index for t in schedule.tasks if t.op in ROUTED_OPS and t.fields["slot"] >= live_slots(t.layer)}
+
+
 def timeline(schedule: Schedule, durations: dict[str, float], hop_us: float = 1.0, gap_us: float = 0.3,
              live_slots: Callable[[int], int] | None = None,
              signal_delay_us: dict[str, float] | None = None) -> Timed:
@@ -98,10 +114,7 @@ def timeline(schedule: Schedule, durations: dict[str, float], hop_us: float = 1.
     missing = {t.wave for t in schedule.tasks} - set(durations)
     if missing:
         raise ValueError(f"no duration for waves {sorted(missing)}")
-    claimable: dict[int, list[int]] = {}
-    for t in schedule.tasks:
-        if t.claim != NO_BARRIER:
-            claimable.setdefault(t.claim, []).append(t.index)
+    claimable = claim_waves(schedule)
     claimed = dict.fromkeys(claimable, 0)
     n_tasks = len(schedule.tasks)
     start, end = [float("nan")] * n_tasks, [float("nan")] * n_tasks
@@ -112,8 +125,7 @@ def timeline(schedule: Schedule, durations: dict[str, float], hop_us: float = 1.
     free = [0.0] * len(lists)
     resolved = [False] * len(lists)  # whether the SM's next place has taken its claim
     exhausted: list[set[int]] = [set() for _ in lists]  # claim counters that handed the SM a dead tile
-    dead = {t.index for t in schedule.tasks if live_slots is not None and t.op in ROUTED_OPS
-            and t.fields["slot"] >= live_slots(t.layer)}
+    dead = dead_tasks(schedule, live_slots)
     for i in dead:  # made up by the top-k (down) or waited on by dead tasks alone (up): complete by then
         t = schedule.tasks[i]
         if t.signal != NO_BARRIER:
@@ -178,4 +190,4 @@ def durations_from_profile(result: dict) -> dict[str, float]:
     return {w["wave"]: w["run_us"] for w in result["waves"]}
 
 
-__all__ = ["Timed", "durations_from_profile", "timeline"]
+__all__ = ["Timed", "claim_waves", "dead_tasks", "durations_from_profile", "timeline"]

@@ -222,6 +222,14 @@ class LayerPhases:
     layers: int  # layers read
 
 
+def _last_writer(by_layer: dict[int, dict[str, list[int]]], written: list[int], layer: int) -> int:
+    """The task of ``layer`` (of _ran_by_layer) that wrote o or mlp last, by its compute end ``written``."""
+    ix = [i for w in RESIDUAL_WRITER_WAVES for i in by_layer[layer].get(w, [])]
+    if not ix:
+        raise ValueError(f"layer {layer} wrote neither o nor mlp in this schedule")
+    return max(ix, key=lambda i: written[i])
+
+
 def layer_phases(schedule: Schedule, records: torch.Tensor, layers) -> LayerPhases:
     """:class:`LayerPhases` over ``layers`` (MoE layers with a router wave, each after a layer that wrote o and
     mlp). A write is the writer task's compute end: its outputs are stored then, before its fence and signal;
@@ -231,14 +239,11 @@ def layer_phases(schedule: Schedule, records: torch.Tensor, layers) -> LayerPhas
     residual words comes after the router task's start, whose polls wait for its inputs; where the norm runs as
     a wave the mark follows hn's read, a little after the run start, and the boundary holds the norm wave."""
     rec, f = record_fields(records)
-    run, written, inputs = f["run_start_ns"], f["compute_end_ns"], f["inputs_ns"]
+    run, written, inputs = f["run_start_ns"], f["compute_end_ns"].tolist(), f["inputs_ns"]
     by_layer = _ran_by_layer(schedule, rec)
 
     def last_write(layer: int) -> int:
-        ix = [i for w in RESIDUAL_WRITER_WAVES for i in by_layer[layer].get(w, [])]
-        if not ix:
-            raise ValueError(f"layer {layer} wrote neither o nor mlp in this schedule")
-        return max(int(written[i]) for i in ix)
+        return written[_last_writer(by_layer, written, layer)]
 
     parts = []
     for layer in layers:
@@ -313,21 +318,12 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
                                                                     "inputs_ns", "stages_ns"))
     ran = ran_tasks(schedule, rec).tolist()
     staged = _staged(f).tolist()
-    last: dict[int, int] = {}  # barrier -> its signaller that signalled last
-    wrote: dict[int, int] = {}  # barrier -> its signaller whose body ended last (a flagged reader's data)
-    for t in schedule.tasks:
-        if ran[t.index] and t.signal != abi.NO_BARRIER:
-            if t.signal not in last or end[t.index] > end[last[t.signal]]:
-                last[t.signal] = t.index
-            if t.signal not in wrote or done[t.index] > done[wrote[t.signal]]:
-                wrote[t.signal] = t.index
+    last = _last_signallers(schedule, ran, end)  # barrier -> its signaller that signalled last
+    wrote = _last_signallers(schedule, ran, done)  # barrier -> its signaller whose body ended last (flagged data)
     previous = {b: a for ix in _sm_run_order(schedule, ran, sm, run0) for a, b in zip(ix, ix[1:])}
 
     def last_write(layer: int) -> int:
-        ix = [i for w in RESIDUAL_WRITER_WAVES for i in by_layer[layer].get(w, [])]
-        if not ix:
-            raise ValueError(f"layer {layer} wrote neither o nor mlp in this schedule")
-        return max(ix, key=lambda i: done[i])
+        return _last_writer(by_layer, done, layer)
 
     if any(layer < 1 for layer in layers):
         raise ValueError(f"layers {layers}: each needs a layer before it (the walk ends at its last write)")
@@ -648,13 +644,21 @@ def _sm_run_order(schedule: Schedule, ran: list[bool], sm: list[int], run0: list
     return list(on_sm.values())
 
 
+def _last_signallers(schedule: Schedule, ran: list[bool], stamp: list[int]) -> dict[int, int]:
+    """Each barrier's signaller (a task that ran) with the latest ``stamp``: barrier -> its task index (the first
+    in task order on a tie)."""
+    last: dict[int, int] = {}
+    for t in schedule.tasks:
+        if not ran[t.index] or t.signal == abi.NO_BARRIER:
+            continue
+        if t.signal not in last or stamp[t.index] > stamp[last[t.signal]]:
+            last[t.signal] = t.index
+    return last
+
+
 def _last_signals(schedule: Schedule, ran: list[bool], end: list[int]) -> dict[int, tuple[int, str]]:
     """Each barrier's last signal: barrier -> (its last signaller's end stamp, that signaller's wave)."""
-    last: dict[int, tuple[int, str]] = {}
-    for t in schedule.tasks:
-        if ran[t.index] and t.signal != abi.NO_BARRIER and end[t.index] > last.get(t.signal, (0, ""))[0]:
-            last[t.signal] = (end[t.index], t.wave)
-    return last
+    return {b: (end[i], schedule.tasks[i].wave) for b, i in _last_signallers(schedule, ran, end).items()}
 
 
 @dataclasses.dataclass
