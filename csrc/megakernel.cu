@@ -119,6 +119,30 @@ __device__ Layer layer_of(const long long* layer_table, const int* desc) {
   return Layer{layer_table + (long long)desc[abi::F_LAYER] * abi::kLayerWords};
 }
 
+// The step's o_prefetch (StepShape.o_prefetch), called by the whole producer warp when it first reaches one of
+// `layer`'s routed places. Its expert rows are not known before the layer's routing, so on every SM that gets
+// there early the producer waits and HBM has nothing of the SM's to fetch (at batch 1 the waiting stretch was
+// ~5 us a layer, PERF_LOG #162). The SM's O projection places of the layer come later in its list, behind the
+// expert places in the ring, but their weights depend on nothing this step computes: L2 is asked for them now,
+// and their copies later read L2 instead of adding to the expert stream's HBM bytes. Each lane reads one later
+// place's words from the list (32 places a round trip) until a place of a later layer or the list's end.
+__device__ __forceinline__ void prefetch_o_rows_ahead(const int* my_tasks, int from, int max_tasks, int layer,
+                                                      const Layer& ly) {
+  for (int f = from; f < max_tasks; f += 32) {
+    const int place = f + Role::lane();
+    int op = abi::OP_END, at = layer, row0 = 0, rows = 0;
+    if (place < max_tasks) {
+      const int* d = my_tasks + (long long)place * abi::kTaskWords;
+      op = d[abi::F_OPCODE];
+      at = d[abi::F_LAYER];
+      row0 = d[abi::F_O_PROJ_ROW0];  // an O_PROJ place's; read from every place, used only from those
+      rows = d[abi::F_O_PROJ_ROWS];
+    }
+    if (op == abi::OP_O_PROJ && at == layer) OProjOp::prefetch(ly, row0, rows);
+    if (__any_sync(0xffffffffu, op == abi::OP_END || at > layer)) return;  // lists are in step (layer) order
+  }
+}
+
 // The producer warp's walk of the SM's list; leaves at the end of the list or on an abort, with `i` the
 // descriptors it published (the stages it filled are p.stages.n on lane 0).
 __device__ __forceinline__ void produce(SharedStorage& S, Producer& p, int& i, const long long* layer_table,
@@ -139,6 +163,13 @@ __device__ __forceinline__ void produce(SharedStorage& S, Producer& p, int& i, c
       word = my_tasks[(long long)e * abi::kTaskWords + lane];
       if (e + 1 < max_tasks) next = my_tasks[(long long)(e + 1) * abi::kTaskWords + lane];
       op = __shfl_sync(0xffffffffu, word, 0);
+    }
+    if (abi::routed_descriptor(op) && p.st.i(abi::S_O_PREFETCH)) {  // (the step table's word, not a register
+                                                                    // held across the walk: the producer's 72 spill)
+      const int layer = __shfl_sync(0xffffffffu, word, abi::F_LAYER);
+      if (layer != seen.layer)  // the layer's first routed place here: its routing not waited for yet
+        prefetch_o_rows_ahead(my_tasks, e + 1, max_tasks, layer,
+                              Layer{layer_table + (long long)layer * abi::kLayerWords});
     }
     const int slot = i % kDescSlots;
     // Every lane waits; they leave together if any saw the abort, before any of them counts or fills the

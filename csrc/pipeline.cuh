@@ -123,6 +123,19 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return policy;
 }
 
+// An L2 prefetch of `bytes` (a multiple of 16) at `src` (16-byte aligned), evict-normal: the lines stay in L2
+// while the evict-first weight stream passes through it, until the copy that reads them. A hint with no completion
+// to wait for. The CCCL of CUDA 13.0 has no cp_async_bulk_prefetch, hence the asm.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile(
+      "{\n\t.reg .b64 policy;\n\t"
+      "createpolicy.fractional.L2::evict_normal.b64 policy, 1.0;\n\t"
+      "cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, policy;\n\t}"
+      :
+      : "l"(src), "r"(bytes)
+      : "memory");
+}
+
 // The producer's view of the stage ring (lane 0 of the producer warp only).
 //
 // At most `in_flight` of its stages are in flight (issued, not yet landed) at once (the step's

@@ -14,9 +14,21 @@ struct OProjOp {
     float part[abi::kPartialFloats];
   };
 
+  // Weight rows [row0, ...) of the layer, as load() streams them.
+  static __device__ const bf16* weight_rows(const Layer& ly, int row0) {
+    return ly.ptr<const bf16>(abi::L_O_W) + (long long)row0 * K;
+  }
+
   static __device__ bool load(Producer& p, const Task& t) {
-    const bf16* w = t.ly.ptr<const bf16>(abi::L_O_W) + (long long)t[abi::F_O_PROJ_ROW0] * K;
-    return load_weight_rows<K, RS>(p, w, t[abi::F_O_PROJ_ROWS]);
+    return load_weight_rows<K, RS>(p, weight_rows(t.ly, t[abi::F_O_PROJ_ROW0]), t[abi::F_O_PROJ_ROWS]);
+  }
+
+  // The step's o_prefetch: the rows load() will stream, asked of L2 long before (megakernel.cu's
+  // prefetch_o_rows_ahead, while the SM's producer waits on its layer's routing). One lane.
+  static __device__ void prefetch(const Layer& ly, int row0, int rows) {
+    const uint8_t* w = reinterpret_cast<const uint8_t*>(weight_rows(ly, row0));
+    const uint32_t bytes = (uint32_t)rows * K * 2;
+    for (uint32_t off = 0; off < bytes; off += kStageBytes) prefetch_l2(w + off, min((uint32_t)kStageBytes, bytes - off));
   }
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {

@@ -29,6 +29,10 @@ def test_tables_point_at_weights_caches_and_vllm_buffers(tiny_checkpoint):
     assert struct.unpack("<d", struct.pack("<q", s["eps_f64"]))[0] == dims.eps
     assert s["timeout_ns"] == 1_500_000_000 and s["block_size"] == 4
     assert s["stages_in_flight"] == sched.shape.stages_in_flight == layout.stages_in_flight_for(3)
+    assert s["o_prefetch"] == 0  # StepShape.o_prefetch's default
+    prefetching = build_schedule(dims, StepShape(batch=3, num_sms=4, attn_splits=2, attn_min_tiles=3, o_prefetch=True),
+                                 *w.intermediates())
+    assert dict(zip(abi.STEP_FIELDS, runtime.build_step(prefetching, w, inp).step_table.tolist()))["o_prefetch"] == 1
     off = layout.route_offsets(dims, 3)
     assert (s["route_expert_off"], s["route_count_off"], s["route_rows_off"]) == (off["expert"], off["count"], off["rows"])
     for name, (shape, _) in layout.workspace_spec(dims, 3, 2, *w.intermediates()).items():

@@ -40,7 +40,7 @@ def compare(got, expected, live):
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
              bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=None,
              qkv_batch_split=0, o_batch_split=0, local_routing=None, stages_in_flight=0, posted_routing=None,
-             flagged_residual=None):
+             flagged_residual=None, o_prefetch=False):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN.
     ``combine_in_norm`` None and ``qkv_batch_split`` / ``o_batch_split`` 0 take the layout's choice for the batch (StepShape's)."""
@@ -65,7 +65,8 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
                                            tiles=tiles, combine_in_norm=combine_in_norm,
                                            qkv_batch_split=qkv_batch_split, o_batch_split=o_batch_split,
                                            local_routing=local_routing, stages_in_flight=stages_in_flight,
-                                           posted_routing=posted_routing, flagged_residual=flagged_residual),
+                                           posted_routing=posted_routing, flagged_residual=flagged_residual,
+                                           o_prefetch=o_prefetch),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -332,6 +333,20 @@ def test_every_cap_on_stages_in_flight_computes_the_same_step_bit_for_bit(wide, 
         assert capped.schedule.shape.stages_in_flight == cap
         assert torch.equal(capped.view("out"), whole.view("out")), f"{cap} stages in flight"
         print(f"batch {batch}, {cap} stages in flight: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal")
+
+
+@pytest.mark.parametrize("batch, lengths", [(1, [8192]), (3, [5000, 1, 300]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])
+def test_o_rows_prefetched_into_l2_leave_the_step_bit_for_bit(wide, batch, lengths):
+    """StepShape.o_prefetch: each producer, at its first routed place of a MoE layer, scans its later places of the
+    layer and asks L2 for their O projection rows. Only a hint about weights: the step matches the reference and
+    is bit-equal to the step without it (a scan that ran past the layer or misread a place would still leave
+    this green; what it would cost shows in the A/B, PERF_LOG #162)."""
+    dims, w = wide
+    (cos, err), fetched = one_step(dims, w, lengths, batch, 0, o_prefetch=True)
+    _, plain = one_step(dims, w, lengths, batch, 0, o_prefetch=False)
+    assert fetched.schedule.shape.o_prefetch and not plain.schedule.shape.o_prefetch
+    assert torch.equal(fetched.view("out"), plain.view("out"))
+    print(f"batch {batch}, O rows prefetched: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal")
 
 
 @pytest.mark.parametrize("batch, lengths", [(1, [3000]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])

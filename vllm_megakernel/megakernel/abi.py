@@ -21,7 +21,7 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 TASK_WORDS = 32
 NO_BARRIER = -1
 # A stall record's barrier when the wait that timed out was a producer's poll of a posted route word
@@ -175,6 +175,9 @@ STEP_FIELDS = (
     # how many of the producer's stage-ring buffers may be in flight (issued, not landed) at once, 1 to
     # KERNEL["stages"] (the whole ring: no cap); schedule.StepShape's stages_in_flight
     "stages_in_flight",
+    # 1: a producer that first reaches a MoE layer's routed places asks L2 for its SM's O projection rows of the
+    # layer before it waits on the routing (schedule.StepShape's o_prefetch)
+    "o_prefetch",
     # route buffer offsets (int32 words): num_active at 0, then layout.route_offsets
     "route_expert_off", "route_count_off", "route_rows_off",
     # the posted route words (uint64 [num_layers][1 + num_slots]: the layer's routed slot count, then each

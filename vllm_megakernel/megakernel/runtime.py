@@ -209,7 +209,7 @@ def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: D
         "attn_live_splits": shape.attn_live_splits, "attn_max_tiles": shape.attn_max_tiles,
         "norm_topk_prob": int(dims.norm_topk_prob), "uniform_routing": int(uniform_routing),
         "local_routing": int(shape.local_routing), "posted_routing": int(shape.posted_routing),
-        "stages_in_flight": shape.stages_in_flight,
+        "stages_in_flight": shape.stages_in_flight, "o_prefetch": int(shape.o_prefetch),
         "eps_f64": _f64_bits(dims.eps),
         "rope_theta_f64": _f64_bits(dims.rope_theta), "timeout_ns": int(timeout_s * 1e9),
         "route_expert_off": route["expert"], "route_count_off": route["count"], "route_rows_off": route["rows"],

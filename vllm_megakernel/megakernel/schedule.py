@@ -154,7 +154,10 @@ class StepShape:
     rows, with the norm folded (no norm wave, so no combine_in_norm). ``stages_in_flight`` (0:
     layout.stages_in_flight_for the batch) caps the
     producer's stage-ring buffers in flight at once, 1 to layout.STAGES (the whole ring): a launch choice that
-    changes when each SM's copies are issued, never what is computed."""
+    changes when each SM's copies are issued, never what is computed. ``o_prefetch``: a producer that first
+    reaches one of a MoE layer's routed places asks L2 for the weight rows of its SM's O projection places of the
+    layer before it waits on the routing (PERF_LOG #162: at batch 1 HBM has nothing else to fetch while the
+    routing chain runs); a launch choice like stages_in_flight, off by default until measured."""
 
     batch: int
     num_sms: int
@@ -180,6 +183,7 @@ class StepShape:
     posted_routing: bool | None = None
     flagged_residual: bool | None = None
     stages_in_flight: int = 0
+    o_prefetch: bool = False
 
     def __post_init__(self):
         if self.order not in WAVE_ORDERS:
