@@ -263,7 +263,8 @@ def test_flagged_residual_polls_the_previous_layers_words_and_matches_the_plain_
     and every QKV and router task after layer 0 polls the previous layer's words from its start, taking its waits
     only before its first write. The step matches the reference, its output is bit-equal to the plain step's (the
     same norm from the same x_l), and the words it left are the last two layers' x, o and mlp, each word the plain
-    buffer's pair under its layer's flag (a padding row's too: zeros from the MoE combine)."""
+    buffer's pair under its layer's flag (a padding row's too: zeros from the MoE combine), but for the x buffer the
+    final norm overwrote (session AI's H100 run compared that one too and failed on it, at every batch)."""
     from vllm_megakernel.megakernel import abi, runtime
 
     dims, w = wide
@@ -277,6 +278,8 @@ def test_flagged_residual_polls_the_previous_layers_words_and_matches_the_plain_
             plain_pairs = flagged.view(name)[parity].contiguous().view(torch.int32).cpu()  # [row][pair] bf16 pairs
             got = words[parity, k]
             assert bool(((got >> 32) == layer + 1).all()), f"{name} parity {parity}: a word without layer {layer}'s flag"
+            if name == "x" and parity == dims.num_layers % 2:
+                continue  # the final norm stored the last residual over this x buffer (its layer is num_layers)
             assert torch.equal((got & 0xFFFFFFFF).to(torch.int64), plain_pairs.to(torch.int64) & 0xFFFFFFFF), \
                 f"{name} of layer {layer}: a word's pair differs from the plain buffer's"
     print(f"batch {batch}, flagged residual: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal to the plain step")
