@@ -4,7 +4,8 @@
 # (1) the flagged-residual step tests, whose words check session AI fixed after it failed on the x buffer the final
 # norm overwrites (the fix has not run); (2) pr and jw against main at batch 1, 2, 4 and 8 in two processes each
 # (session AI: both 0.3-1.4% faster in every process, neither beyond the control's range in both): land
-# posted_routing_for or jw only where they clear it twice; (3) jw's whole kernel test run (130 s was not enough on
+# posted_routing_for or jw only where they clear it twice; at batch 1 and 2 also moe_up_cols=48 (u48: 128 up/gate tiles,
+# one an SM, where 192 put two on 60 SMs that then end the layer, PERF_LOG #164; +0.7% on an older kernel); (3) jw's whole kernel test run (130 s was not enough on
 # the H100), for landing jw. `bash call-after-h100.sh [SECONDS]` (default 560; later stages skipped on time).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -20,10 +21,11 @@ stamp flagged-tests $?; tail -1 $res/flagged-tests.txt; grep -E "^(FAILED|ERROR)
 for pass in 1 2; do
   for b in 1 2 4 8; do
     [ $(left) -lt 200 ] && { echo "ab pass $pass batch $b: skipped, $(left) s left"; continue; }
+    u48=(); [ $b -le 2 ] && u48=(--variant "u48=$so@moe_up_cols=48")  # PERF_LOG #164: one up/gate tile an SM
     timeout -k 5 80 python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b --rounds 6 \
-      --iters 20 --control --variant base=$so --variant jw=variants/jw.so --variant pr=$so@posted_routing=1 \
+      --iters 20 --control --variant base=$so --variant jw=variants/jw.so --variant pr=$so@posted_routing=1 "${u48[@]}" \
       --out $res/ab$pass-b$b > $res/ab$pass-b$b.log 2>&1
-    stamp "ab pass $pass batch $b" $?; grep -E "^\| [0-9]+ \| (control|jw|pr) " $res/ab$pass-b$b.log
+    stamp "ab pass $pass batch $b" $?; grep -E "^\| [0-9]+ \| (control|jw|pr|u48) " $res/ab$pass-b$b.log
   done
 done
 if [ $(left) -gt 190 ]; then
