@@ -41,7 +41,8 @@ DEFAULT_NAMING_CHOICES = {"tiles", "attn_splits"}
 
 
 def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[str], num_sms: int,
-               hop_us: float, gap_us: float, paths: bool = False, fluid_model: bool = False) -> list[dict]:
+               hop_us: float, gap_us: float, paths: bool = False, fluid_model: bool = False,
+               bandwidth_scale: float = 1.0) -> list[dict]:
     from benchmarks.kernel_profile import parse_schedule
     from vllm_megakernel import reference as ref
     from vllm_megakernel.megakernel import fluid, timing, trace
@@ -77,7 +78,7 @@ def model_rows(config: dict, profile: dict, batches: list[int], schedules: list[
             if fluid_model:  # each task's bytes at the profile's context; its fixed costs are its wave's
                 nbytes = fluid.task_bytes(sched, [measured.get("context", 0) + 1] * b, moe_i, dense_i)
                 timed = fluid.fluid_timeline(sched, costs, nbytes, hop_us=hop_us, gap_us=gap_us,
-                                             live_slots=lambda layer: live)
+                                             bandwidth_scale=bandwidth_scale, live_slots=lambda layer: live)
             else:
                 timed = timing.timeline(sched, durations, hop_us=hop_us, gap_us=gap_us, live_slots=lambda layer: live)
             period = timed.layer_period(sched, middle)
@@ -131,12 +132,22 @@ def main(argv=None) -> None:
                     help="also each schedule's modelled critical path (megakernel.trace.critical_path on the model's "
                          "run; a task that started one hop after a signal that came within gap - hop of its SM's "
                          "previous task reads as queued there)")
+    ap.add_argument("--scale-bandwidth", action="store_true",
+                    help="with --fluid: scale the HBM's curve by the profile's measured copy bandwidth against the "
+                         "probe GPU's (fluid.bandwidth_scale_for; an H100 profile: 0.70). Off: the curve as measured "
+                         "on the H200, as PERF_LOG #161's comparison ran")
     args = ap.parse_args(argv)
     config = json.loads((Path(args.model) / "config.json").read_text())
     schedules = [s.strip() for s in args.schedules.split(";")]
-    rows = model_rows(config, json.loads(args.profile.read_text()), [int(x) for x in args.batch_sizes.split(",")],
+    if args.scale_bandwidth and not args.fluid:
+        ap.error("--scale-bandwidth needs --fluid (the other model has no bandwidth)")
+    profile = json.loads(args.profile.read_text())
+    from vllm_megakernel.megakernel.fluid import bandwidth_scale_for
+
+    rows = model_rows(config, profile, [int(x) for x in args.batch_sizes.split(",")],
                       schedules, args.num_sms, args.hop_us if args.hop_us is not None else 0.7 if args.fluid else 1.0,
-                      args.gap_us, paths=args.paths, fluid_model=args.fluid)
+                      args.gap_us, paths=args.paths, fluid_model=args.fluid,
+                      bandwidth_scale=bandwidth_scale_for(profile) if args.scale_bandwidth else 1.0)
     print(table(rows, schedules), end="")
     if args.paths:
         from vllm_megakernel.megakernel.trace import critical_markdown

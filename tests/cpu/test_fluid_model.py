@@ -36,6 +36,23 @@ def test_the_bandwidth_curve_is_the_probes_between_its_points_and_flat_past_them
     assert fluid.bandwidth_at(1e9) == pytest.approx(4.68e6) and fluid.bandwidth_at(1e9, scale=0.5) == pytest.approx(2.34e6)
 
 
+def test_a_profiles_copy_bandwidth_scales_the_curve_against_the_probe_gpus():
+    """schedule_model --scale-bandwidth: an H100 profile (2.98 TB/s measured) serves 0.70 of the probe GPU's bytes
+    at every depth; a profile without the figure keeps the curve as measured."""
+    scale = fluid.bandwidth_scale_for({"bandwidth_bytes_per_s": 2.98e12})
+    assert scale == pytest.approx(2.98 / 4.24)
+    assert fluid.bandwidth_scale_for({}) == 1.0
+    for mb in (1.0, 5.0, 30.0):
+        assert fluid.bandwidth_at(mb * 1e6, scale=scale) == pytest.approx(scale * fluid.bandwidth_at(mb * 1e6))
+
+
+def test_scaling_the_bandwidth_needs_the_fluid_model():
+    from benchmarks import schedule_model
+
+    with pytest.raises(SystemExit):
+        schedule_model.main(["--model", "configs/north-mini-code", "--profile", "/nonexistent.json", "--scale-bandwidth"])
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_every_task_runs_after_its_inputs_and_its_bytes_take_their_time(dims, batch):
     """The whole step finishes; each task starts no earlier than its barriers' completion and ends no earlier

@@ -101,6 +101,16 @@ def task_bytes(schedule: Schedule, seq_lens: list[int], moe_intermediate: int, d
 # streaming side (PERF_LOG #135, session AC call 1; 132 SMs at 16 / 32 / 48 / 64 / 96 / 160 KB each): (MB in
 # flight, TB/s). Fewer requests in flight leave the HBM's banks idle however long each one takes.
 PROBE_BANDWIDTH = ((0.0, 0.0), (2.16, 2.71), (4.33, 4.14), (6.49, 4.56), (8.65, 4.62), (12.98, 4.68), (21.6, 4.68))
+# The copy bandwidth of the GPU the probe ran on (an H200: PERF_LOG's header, 4.24 TB/s), against which another run's
+# copy bandwidth scales the curve (bandwidth_scale_for).
+PROBE_COPY_BANDWIDTH = 4.24e12
+
+
+def bandwidth_scale_for(profile: dict) -> float:
+    """The curve's scale for a kernel_profile profile.json: its measured copy bandwidth against the probe GPU's (an
+    H100's 2.98 TB/s gives 0.70); 1 where the profile has none."""
+    measured = profile.get("bandwidth_bytes_per_s")
+    return measured / PROBE_COPY_BANDWIDTH if measured else 1.0
 
 
 def bandwidth_at(in_flight_bytes: float, curve=PROBE_BANDWIDTH, scale: float = 1.0) -> float:
