@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # After session AI's H100 run (benchmarks/results/h100-2026-12-05-session-ai), on whatever GPU the device tool lends
-# (carry variants/ with base.so and jw.so built from main as call-posted-routing.sh's header says, and .sanitizer/):
+# (carry variants/ with base.so and jw.so built from main as call-posted-routing.sh's header says, .sanitizer/, and
+# build/tma_slice_probe built as benchmarks/candidates/tma-slice-probe/tma_slice_probe.cu's header says, run first):
 # (1) the flagged-residual step tests, whose words check session AI fixed after it failed on the x buffer the final
 # norm overwrites (the fix has not run); (2) pr and jw against main at batch 1, 2, 4 and 8 in two processes each
 # (session AI: both 0.3-1.4% faster in every process, neither beyond the control's range in both): land
@@ -15,6 +16,9 @@ stamp() { echo "$1 rc=$2 ($(( $(date +%s) - start )) s)"; }
 so=variants/base.so
 cp $so vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt; cat $res/gpu.txt
+if [ -x build/tma_slice_probe ]; then  # PERF_LOG #166: what W2's column slices cost in HBM time (a few seconds)
+  timeout -k 5 60 build/tma_slice_probe > $res/tma-slice-probe.md 2>&1; stamp tma-slice-probe $?; cat $res/tma-slice-probe.md
+fi
 timeout -k 5 90 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py -k flagged_residual \
   > $res/flagged-tests.txt 2>&1
 stamp flagged-tests $?; tail -1 $res/flagged-tests.txt; grep -E "^(FAILED|ERROR)" $res/flagged-tests.txt | head -4
