@@ -95,57 +95,6 @@ def test_steps_built_with_one_stall_record_share_it_and_a_wrong_record_is_refuse
         runtime.build_step(steps[0].schedule, w, sim.step([1, 2]), error=torch.zeros(3, dtype=torch.int32))
 
 
-def test_flagged_residual_words_sit_zeroed_and_aligned_after_the_posted_words_and_a_stall_on_one_names_the_layer(
-        tiny_checkpoint):
-    """StepShape.flagged_residual: the step's barrier array holds, 16-byte aligned after the barriers and the posted
-    route words, two layer parities of x, o and mlp as one uint64 word per two columns of every batch row
-    (layout.residual_words), which the step table's residual_words points at, which launch() zeroes with the
-    barriers and which runtime.residual_words views by parity, buffer, row and pair; without the choice there
-    are none and the field is 0. A consumer that timed out polling them is reported with the layer it polled for
-    and the flag it found, not as a barrier, and a descriptor whose flagged field the kernel refused as such."""
-    dims = ref.ModelDims.from_config(TINY_CONFIG)
-    w = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.bfloat16)
-    sim = PagedKVSim(dims, num_requests=2, max_len=20, block_size=4, dtype=torch.bfloat16)
-    sim.fill_history([5, 9], generator=torch.Generator().manual_seed(0))
-    inp = sim.step([1, 2])
-    for posted, flagged in ((False, False), (False, True), (True, True)):
-        sched = build_schedule(dims, StepShape(batch=2, num_sms=4, attn_splits=2, posted_routing=posted,
-                                               flagged_residual=flagged), *w.intermediates())
-        step = runtime.build_step(sched, w, inp)
-        s = dict(zip(abi.STEP_FIELDS, step.step_table.tolist()))
-        words = 2 * 3 * 2 * dims.hidden // 2 if flagged else 0
-        assert sched.residual_words == layout.residual_words(dims, 2) * flagged == words
-        end = (sched.num_barriers + 1) // 2 * 2 + 2 * sched.route_post_words
-        at = (end + 3) // 4 * 4 if flagged else end
-        assert step.barriers.numel() == at + 2 * words and not step.barriers.any()
-        assert s["residual_words"] == (step.barriers.data_ptr() + 4 * at if flagged else 0)
-        assert s["residual_words"] % 16 == 0
-        if posted:  # the posted words' view ends where the flagged words' padding begins
-            assert runtime.route_posts(step).shape == (dims.num_layers, 1 + sched.num_slots)
-        if flagged:
-            view = runtime.residual_words(step)
-            assert view.shape == (2, 3, 2, dims.hidden // 2)
-            view[1, 2, 1, 5] = abi.pack_residual_word(0x3F80BF80, 6)  # (below 2 ** 63: fits the int64 view)
-            flat = step.barriers[at:].view(torch.int64)
-            assert abi.unpack_residual_word(int(flat[((1 * 3 + 2) * 2 + 1) * (dims.hidden // 2) + 5])) == (0x3F80BF80, 6)
-        else:
-            with pytest.raises(ValueError, match="no flagged residual words"):
-                runtime.residual_words(step)
-    victim = next(t for t in sched.tasks if t.op == abi.Op.QKV_ROPE and t.fields["flagged"])
-    record = {"flag": 1, "sm": victim.sm, "task_index": victim.index, "opcode": int(victim.op), "layer": victim.layer,
-              "barrier": abi.FLAGGED_RESIDUAL_WAIT, "expected": victim.layer, "seen": 0}
-    step.error.copy_(torch.tensor([record[f] for f in abi.ERROR_FIELDS], dtype=torch.int32))
-    with pytest.raises(runtime.MegakernelStallError,
-                       match=rf"task {victim.index} \(QKV_ROPE.* polled layer {victim.layer - 1}'s flagged residual "
-                             r"words: a word still held layer -1's \(-1: never written\)"):
-        runtime.check(step)
-    record.update(expected=0, seen=0)  # a flagged field where the form does not exist: refused before any poll
-    step.error.copy_(torch.tensor([record[f] for f in abi.ERROR_FIELDS], dtype=torch.int32))
-    with pytest.raises(runtime.MegakernelStallError, match=rf"task {victim.index} \(QKV_ROPE.* was refused: its "
-                                                           r"flagged field is set where the flagged form does not exist"):
-        runtime.check(step)
-
-
 def test_posted_route_words_sit_zeroed_after_the_barriers_and_a_stall_on_one_names_the_layer_and_slot(tiny_checkpoint):
     """StepShape.posted_routing: the step's barrier array holds, 8-byte aligned after the barriers, one uint64
     word per layer and per slot plus one a layer (layout.route_post_words), which the step table's route_posts

@@ -70,11 +70,10 @@ def test_layer_timeline_places_each_wave_after_the_layer_start(dims):
         trace.layer_timeline(sched, rec, [dims.num_layers])  # the final norm: nothing follows it
 
 
-def modelled_records(sched, durations, hop_us, tail_us=0.0, flagged_early_us=0.0):
+def modelled_records(sched, durations, hop_us, tail_us=0.0):
     """Records of the schedule run by megakernel.timing with the gap between an SM's tasks equal to the signal
     hop (so "blocked on its inputs" means the same there and in critical_path: a signal after the SM was free).
-    Times in ns; each task's compute end tail_us before its signal. A flagged task's consumers start
-    flagged_early_us before the modelled start (their polls) and mark their inputs at the modelled start."""
+    Times in ns; each task's compute end tail_us before its signal."""
     from vllm_megakernel.megakernel import timing
 
     timed = timing.timeline(sched, durations, hop_us=hop_us, gap_us=hop_us)
@@ -87,9 +86,6 @@ def modelled_records(sched, durations, hop_us, tail_us=0.0, flagged_early_us=0.0
             rec[i, col["sm"]], rec[i, col["smid"]] = sm, sm
             rec[i, col["wait_start_ns"]] = ns(start - hop_us)
             rec[i, col["run_start_ns"]] = ns(start)
-            if sched.tasks[i].fields.get("flagged") and flagged_early_us:
-                rec[i, col["run_start_ns"]] = ns(start - flagged_early_us)
-                rec[i, col["inputs_ns"]], rec[i, col["stages_ns"]] = ns(start), ns((start + end) / 2)
             rec[i, col["compute_end_ns"]] = ns(end - tail_us)
             rec[i, col["end_ns"]] = ns(end)
     return rec, timed
@@ -129,26 +125,6 @@ def test_critical_path_follows_what_held_each_task_back_to_the_previous_layers_l
     # a run of one wave's tasks on one SM is written once with its count
     assert trace._chain_text(["o_proj", " > ", "qkv", " ~ ", "mlp_up", " ~ ", "mlp_up", " > ", "mlp_down"]) == \
         "o_proj > qkv ~ mlp_up x2 > mlp_down"
-
-
-def test_critical_path_goes_through_a_flagged_tasks_writer_to_its_inputs_mark(dims):
-    """With flagged residual words the boundary's QKV and router tasks start before their inputs and mark them when
-    the words are in: where the previous layer's writer stored them after the task started, the path goes
-    "flagged from <writer>" to the inputs mark and on to the writer, with no hop and no tail on that edge."""
-    sched = build_schedule(dims, StepShape(batch=1, num_sms=6, attn_splits=2, flagged_residual=True), TINY_I,
-                           TINY_DENSE_I)
-    assert any(t.fields.get("flagged") for t in sched.tasks)
-    waves = sorted({t.wave for t in sched.tasks})
-    durations = {w: 1.0 for w in waves}
-    durations["o_proj"] = 15.0  # every layer ends with the O projection, and the next layer waits for it
-    rec, _ = modelled_records(sched, durations, hop_us=0.5, flagged_early_us=3.0)
-    layers = trace.middle_moe_layers(dims)
-    p = trace.critical_path(sched, rec, layers)
-    assert sum(r.us for r in p.parts) == pytest.approx(p.period_us, abs=1e-6)
-    kinds = {(r.wave, r.kind) for r in p.parts}
-    assert any(k.startswith("flagged from o_proj") for _, k in kinds), kinds
-    assert not any(k == "hop from o_proj" for w, k in kinds if w in ("qkv", "router")), kinds
-    assert all(c.startswith("o_proj > ") for c, _ in p.chains), p.chains
 
 
 def test_critical_path_walks_a_hand_made_layer_through_hops_tails_and_a_posted_routing_poll():
@@ -316,14 +292,13 @@ def _hops_by_brute_force(sched, rec, layers):
         if not ends:
             continue
         at, wave = max(ends)
-        flagged = bool(t.fields.get("flagged"))
-        mine = col["inputs_ns" if flagged else "run_start_ns"][t.index]
+        mine = col["run_start_ns"][t.index]
         order = lambda u: (col["run_start_ns"][u.index], u.index)  # noqa: E731 (synthetic waves start together)
         before = [u for u in sched.tasks if col["sm"][u.index] == col["sm"][t.index] and col["end_ns"][u.index]
                   and order(u) < order(t)]
         ready = col["compute_end_ns"][max(before, key=order).index] if before else 0
         if at > ready:
-            out.setdefault((wave, t.wave + (" (flagged, to inputs)" if flagged else "")), []).append((mine - at) / 1e3)
+            out.setdefault((wave, t.wave), []).append((mine - at) / 1e3)
     return out
 
 
@@ -360,32 +335,6 @@ def test_layer_hops_time_each_blocked_wait_from_the_last_signal_to_the_run(dims)
     assert check(rec)[edge].waits == rows[edge].waits - 1
     text = trace.hops_markdown(trace.layer_hops(sched, rec, layers), "layers 1-4")
     assert text.startswith("signal to run, per dependency edge (layers 1-4;") and "| router_topk | mlp_up |" in text
-
-
-def test_a_flagged_tasks_hop_is_timed_to_its_inputs_not_its_run(dims):
-    """A flagged task (StepShape.flagged_residual) starts without waiting: its boundary edges are timed from the
-    last signal to its inputs stamp (the flagged words in, x_l normed) under their own waiter name, as a
-    brute-force scan times them, and a flagged task's hop moves with its inputs stamp, not its run start. Its
-    waits, taken in its body, are not stamped: the input-check table leaves it out."""
-    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, flagged_residual=True), TINY_I,
-                           TINY_DENSE_I)
-    waves = sorted({t.wave for t in sched.tasks})
-    rec = synthetic_records(sched, {w: 900 + 70 * i for i, w in enumerate(waves)}, {w: 500 for w in waves})
-    layers = [i for i in range(dims.num_layers - 1) if not dims.dense[i]]
-    rows = {(r.signaller, r.waiter): r for r in trace.layer_hops(sched, rec, layers)}
-    want = _hops_by_brute_force(sched, rec, layers)
-    assert set(rows) == set(want) and any(w.endswith("(flagged, to inputs)") for _, w in rows)
-    assert not any(w in ("qkv", "router") for _, w in rows if w)  # every boundary task of these layers is flagged
-    for k, v in want.items():
-        assert rows[k].waits == len(v) and rows[k].hop_us == pytest.approx(statistics.median(v))
-    checked = {c.wave for c in trace.input_checks(sched, rec, layers, lead_ns=0)}
-    assert checked and not checked & {"qkv", "router"}
-    for t in (t for t in sched.tasks if t.fields.get("flagged") and t.layer in layers):
-        rec[t.index, abi.TRACE_FIELDS.index("inputs_ns")] += 1000  # the words 1 us later
-    later = {(r.signaller, r.waiter): r for r in trace.layer_hops(sched, rec, layers)}
-    for k, r in rows.items():
-        if k[1].endswith("(flagged, to inputs)"):
-            assert later[k].hop_us == pytest.approx(r.hop_us + 1.0)
 
 
 def test_signal_tails_group_each_tasks_signal_delay_by_the_wave_its_sm_ran_next(dims):

@@ -33,8 +33,6 @@ def main():
                     help="the expert tasks' producers route the layer themselves (StepShape.local_routing)")
     ap.add_argument("--posted-routing", action="store_true",
                     help="the top-k posts its work list and the expert tasks' producers poll it (StepShape.posted_routing)")
-    ap.add_argument("--flagged-residual", action="store_true",
-                    help="the QKV and router tasks poll the previous layer's flagged words (StepShape.flagged_residual)")
     ap.add_argument("--stages-in-flight", type=int, default=0,
                     help="the producer's cap on stages in flight (StepShape.stages_in_flight; 0: the batch's default)")
     args = ap.parse_args()
@@ -54,7 +52,6 @@ def main():
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
                                            attn_splits=args.splits, local_routing=args.local_routing or None,
                                            posted_routing=args.posted_routing or None,
-                                           flagged_residual=args.flagged_residual or None,
                                            stages_in_flight=args.stages_in_flight),
                            *w.intermediates())
     if args.through:

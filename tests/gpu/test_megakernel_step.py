@@ -40,7 +40,7 @@ def compare(got, expected, live):
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
              bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=None,
              qkv_batch_split=0, o_batch_split=0, local_routing=None, stages_in_flight=0, posted_routing=None,
-             flagged_residual=None, o_prefetch=False):
+             o_prefetch=False):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN.
     ``combine_in_norm`` None and ``qkv_batch_split`` / ``o_batch_split`` 0 take the layout's choice for the batch (StepShape's)."""
@@ -65,8 +65,7 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
                                            tiles=tiles, combine_in_norm=combine_in_norm,
                                            qkv_batch_split=qkv_batch_split, o_batch_split=o_batch_split,
                                            local_routing=local_routing, stages_in_flight=stages_in_flight,
-                                           posted_routing=posted_routing, flagged_residual=flagged_residual,
-                                           o_prefetch=o_prefetch),
+                                           posted_routing=posted_routing, o_prefetch=o_prefetch),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -255,36 +254,6 @@ def test_posted_routing_posts_the_top_ks_work_list_and_matches_its_step_bit_for_
     print(f"batch {batch}, posted routing: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal to the top-k's")
 
 
-@pytest.mark.parametrize("batch, lengths, posted", [(1, [8192], False), (3, [5000, 1], True),
-                                                   (4, [8192, 17, 4097, 2000], False)])
-def test_flagged_residual_polls_the_previous_layers_words_and_matches_the_plain_step_bit_for_bit(wide, batch, lengths,
-                                                                                                 posted):
-    """StepShape.flagged_residual: the writers of x, o and mlp also store them as flagged words (abi.RESIDUAL_WORDS)
-    and every QKV and router task after layer 0 polls the previous layer's words from its start, taking its waits
-    only before its first write. The step matches the reference, its output is bit-equal to the plain step's (the
-    same norm from the same x_l), and the words it left are the last two layers' x, o and mlp, each word the plain
-    buffer's pair under its layer's flag (a padding row's too: zeros from the MoE combine), but for the x buffer the
-    final norm overwrote (session AI's H100 run compared that one too and failed on it, at every batch)."""
-    from vllm_megakernel.megakernel import abi, runtime
-
-    dims, w = wide
-    (cos, err), flagged = one_step(dims, w, lengths, batch, 0, posted_routing=posted, flagged_residual=True)
-    _, plain = one_step(dims, w, lengths, batch, 0, posted_routing=posted, flagged_residual=False)
-    assert torch.equal(flagged.view("out"), plain.view("out"))
-    words = runtime.residual_words(flagged).cpu()  # [parity][x, o, mlp][row][pair], int64
-    for parity in (0, 1):
-        layer = dims.num_layers - 1 - (dims.num_layers - 1 - parity) % 2  # the last layer of this parity
-        for k, name in enumerate(abi.RESIDUAL_WORDS["buffers"]):
-            plain_pairs = flagged.view(name)[parity].contiguous().view(torch.int32).cpu()  # [row][pair] bf16 pairs
-            got = words[parity, k]
-            assert bool(((got >> 32) == layer + 1).all()), f"{name} parity {parity}: a word without layer {layer}'s flag"
-            if name == "x" and parity == dims.num_layers % 2:
-                continue  # the final norm stored the last residual over this x buffer (its layer is num_layers)
-            assert torch.equal((got & 0xFFFFFFFF).to(torch.int64), plain_pairs.to(torch.int64) & 0xFFFFFFFF), \
-                f"{name} of layer {layer}: a word's pair differs from the plain buffer's"
-    print(f"batch {batch}, flagged residual: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal to the plain step")
-
-
 @pytest.mark.parametrize("local_routing", [False, True])
 @pytest.mark.parametrize("batch, lengths", [(1, [700]), (8, [8192, 17, 4097, 2000, 1, 6000, 12]),
                                            (4, [500, 500, 500, 500])])
@@ -430,16 +399,14 @@ def test_a_stalled_barrier_is_reported_not_hung(wide, victim_op):
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("batch, posted, flagged", [(2, False, False), (16, False, False), (2, True, False),
-                                                   (2, False, True)])
-def test_aborts_at_any_moment_are_reported_not_hung(wide, batch, posted, flagged):
+@pytest.mark.parametrize("batch, posted", [(2, False), (16, False), (2, True)])
+def test_aborts_at_any_moment_are_reported_not_hung(wide, batch, posted):
     """Timeouts shorter than a correct step's own waits make the kernel abort wherever the first wait runs
     out, with stages and descriptors in flight on many SMs: the moment a consumer warp could give up on a
     stage another warp then sees land, and wait at a named barrier for it forever. Every launch must end
     (the test's own end is the check), those with timeouts of a few microseconds with a stall report (a
     layer's first tasks alone wait longer), and a correct step runs on the device afterwards. With posted
-    routing the expert tasks' producers give up in their polls of the top-k's words too, and with flagged residual
-    words the QKV and router tasks' consumers in their polls of the previous layer's words."""
+    routing the expert tasks' producers give up in their polls of the top-k's words too."""
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
     from vllm_megakernel.paged_kv import PagedKVSim
@@ -448,8 +415,7 @@ def test_aborts_at_any_moment_are_reported_not_hung(wide, batch, posted, flagged
     sim = PagedKVSim(dims, num_requests=batch, max_len=2048, block_size=16, dtype=torch.bfloat16, device="cuda")
     sim.fill_history([1500] * batch, generator=torch.Generator().manual_seed(3))
     inp = sim.step(list(range(1, batch + 1)))
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132, posted_routing=posted, flagged_residual=flagged),
-                           *w.intermediates())
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132, posted_routing=posted), *w.intermediates())
     stalled = []
     for timeout in [1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5] * 5:
         try:
@@ -459,34 +425,6 @@ def test_aborts_at_any_moment_are_reported_not_hung(wide, batch, posted, flagged
     assert stalled.count(1e-6) == stalled.count(2e-6) == 5
     good = runtime.run_step(runtime.build_step(sched, w, inp))
     assert torch.isfinite(good[:batch]).all()
-
-
-@pytest.mark.parametrize("layer", [0, 2])
-def test_a_flagged_field_where_the_step_has_no_flagged_form_is_refused_not_polled(wide, layer):
-    """A QKV task whose flagged field is set in a step built without flagged residual words (no words to poll:
-    their step word is 0), or on layer 0 (no previous layer wrote any): the loop refuses the descriptor with a
-    stall record (FLAGGED_RESIDUAL_WAIT, expected 0) instead of copying from a null pointer or waiting out the
-    timeout, and the device runs a correct step afterwards."""
-    from vllm_megakernel.megakernel import runtime
-    from vllm_megakernel.megakernel.abi import Op
-    from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
-    from vllm_megakernel.paged_kv import PagedKVSim
-
-    dims, w = wide
-    sim = PagedKVSim(dims, num_requests=2, max_len=8, block_size=16, dtype=torch.bfloat16, device="cuda")
-    inp = sim.step([5, 7])
-    sched = build_schedule(dims, StepShape(batch=2, num_sms=16, attn_splits=1, flagged_residual=False),
-                           *w.intermediates())
-    victim = next(t for t in sched.tasks if t.op == Op.QKV_ROPE and t.layer == layer)
-    victim.fields["flagged"] = 1
-    step = runtime.build_step(sched, w, inp, timeout_s=5.0)
-    with pytest.raises(runtime.MegakernelStallError,
-                       match=rf"task {victim.index} \(QKV_ROPE.* was refused: its flagged field is set"):
-        runtime.run_step(step)
-    fresh = PagedKVSim(dims, num_requests=2, max_len=8, block_size=16, dtype=torch.bfloat16, device="cuda")
-    good = build_schedule(dims, StepShape(batch=2, num_sms=16, attn_splits=1), *w.intermediates())
-    out = runtime.run_step(runtime.build_step(good, w, fresh.step([1, 2])))
-    assert torch.isfinite(out).all()
 
 
 def test_a_traced_launch_records_every_task_in_dependency_order(wide):
