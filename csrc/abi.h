@@ -5,11 +5,10 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 18;
+constexpr int kAbiVersion = 19;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 constexpr int kPostedRouteWait = -2;
-constexpr int kFlaggedResidualWait = -3;
 
 enum Op : int {
   OP_END = 0,
@@ -37,12 +36,6 @@ constexpr bool routed_descriptor(int op) {
   return op == OP_MOE_UPGATE || op == OP_MOE_DOWN;
 }
 constexpr int kRoutedPairWords = 16;
-
-// The `flagged` word of the opcodes that may poll the flagged residual words and take their waits in
-// the body (abi.FLAGGED_READERS); -1 for every other opcode.
-constexpr int flagged_word(int op) {
-  return op == OP_QKV_ROPE ? 16 : op == OP_ROUTER ? 14 : -1;
-}
 constexpr int F_ROUTED_SLOT = 10;
 constexpr int F_ROUTED_FIRST = 11;
 constexpr int F_ROUTED_WIDTH = 12;
@@ -75,13 +68,11 @@ constexpr int F_QKV_ROPE_NORM = 12;
 constexpr int F_QKV_ROPE_WRITE_X = 13;
 constexpr int F_QKV_ROPE_BATCH0 = 14;
 constexpr int F_QKV_ROPE_BATCH_ROWS = 15;
-constexpr int F_QKV_ROPE_FLAGGED = 16;
 // ROUTER
 constexpr int F_ROUTER_ROW0 = 10;
 constexpr int F_ROUTER_ROWS = 11;
 constexpr int F_ROUTER_NORM = 12;
 constexpr int F_ROUTER_WRITE_HN = 13;
-constexpr int F_ROUTER_FLAGGED = 14;
 // ROUTER_TOPK
 constexpr int F_ROUTER_TOPK_DOWN_BARRIER = 10;
 constexpr int F_ROUTER_TOPK_DOWN_TILES = 11;
@@ -170,36 +161,35 @@ constexpr int S_TIMEOUT_NS = 11;
 constexpr int S_UNIFORM_ROUTING = 12;
 constexpr int S_LOCAL_ROUTING = 13;
 constexpr int S_POSTED_ROUTING = 14;
-constexpr int S_RESIDUAL_WORDS = 15;
-constexpr int S_STAGES_IN_FLIGHT = 16;
-constexpr int S_O_PREFETCH = 17;
-constexpr int S_ROUTE_EXPERT_OFF = 18;
-constexpr int S_ROUTE_COUNT_OFF = 19;
-constexpr int S_ROUTE_ROWS_OFF = 20;
-constexpr int S_ROUTE_POSTS = 21;
-constexpr int S_EMBED = 22;
-constexpr int S_FINAL_NORM = 23;
-constexpr int S_INPUT_IDS = 24;
-constexpr int S_POSITIONS = 25;
-constexpr int S_SEQ_LENS = 26;
-constexpr int S_X = 27;
-constexpr int S_HN = 28;
-constexpr int S_Q = 29;
-constexpr int S_OPART = 30;
-constexpr int S_LSE = 31;
-constexpr int S_ATTN = 32;
-constexpr int S_O = 33;
-constexpr int S_MLP = 34;
-constexpr int S_OUT = 35;
-constexpr int S_SCORES = 36;
-constexpr int S_TOPK_W = 37;
-constexpr int S_ROUTE = 38;
-constexpr int S_DACT = 39;
-constexpr int S_ACT = 40;
-constexpr int S_EOUT = 41;
-constexpr int S_ROUTE_LOG = 42;
-constexpr int S_TRACE = 43;
-constexpr int kStepWords = 44;
+constexpr int S_STAGES_IN_FLIGHT = 15;
+constexpr int S_O_PREFETCH = 16;
+constexpr int S_ROUTE_EXPERT_OFF = 17;
+constexpr int S_ROUTE_COUNT_OFF = 18;
+constexpr int S_ROUTE_ROWS_OFF = 19;
+constexpr int S_ROUTE_POSTS = 20;
+constexpr int S_EMBED = 21;
+constexpr int S_FINAL_NORM = 22;
+constexpr int S_INPUT_IDS = 23;
+constexpr int S_POSITIONS = 24;
+constexpr int S_SEQ_LENS = 25;
+constexpr int S_X = 26;
+constexpr int S_HN = 27;
+constexpr int S_Q = 28;
+constexpr int S_OPART = 29;
+constexpr int S_LSE = 30;
+constexpr int S_ATTN = 31;
+constexpr int S_O = 32;
+constexpr int S_MLP = 33;
+constexpr int S_OUT = 34;
+constexpr int S_SCORES = 35;
+constexpr int S_TOPK_W = 36;
+constexpr int S_ROUTE = 37;
+constexpr int S_DACT = 38;
+constexpr int S_ACT = 39;
+constexpr int S_EOUT = 40;
+constexpr int S_ROUTE_LOG = 41;
+constexpr int S_TRACE = 42;
+constexpr int kStepWords = 43;
 
 // Layer table words (int64).
 constexpr int L_DENSE = 0;
@@ -267,20 +257,12 @@ constexpr int kMaxBatch = 64;
 constexpr int kMaxAttnSplits = 128;
 constexpr int kLocalRoutingMaxBatch = 8;
 constexpr int kPostedRoutingMaxBatch = 8;
-constexpr int kFlaggedResidualMaxBatch = 4;
 
 // A posted route word (abi.ROUTE_POST).
 constexpr int kPostExpertBits = 7;
 constexpr int kPostCountBits = 4;
 constexpr int kPostPairBits = 6;
 constexpr int kPostPostedBit = 63;
-
-// The flagged residual words (abi.RESIDUAL_WORDS).
-constexpr int kResidualX = 0;
-constexpr int kResidualO = 1;
-constexpr int kResidualMlp = 2;
-constexpr int kResidualBuffers = 3;
-constexpr int kResidualFlagShift = 32;
 
 // Weight rows per pipeline stage of each GEMM (layout.rows_per_stage of its row length).
 constexpr int kQkvStageRows = 8;

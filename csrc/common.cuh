@@ -44,19 +44,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// (x + o) + m on eight bf16 values with a bf16 rounding after each add: a bf16 add rounds the exact sum
-// once, which is what rounding the fp32 sum of two bf16 values gives (vLLM adds in bf16).
-__device__ __forceinline__ uint4 residual_add8(const uint4& x, const uint4& o, const uint4& m) {
-  uint4 r;
-  const __nv_bfloat162* hx = reinterpret_cast<const __nv_bfloat162*>(&x);
-  const __nv_bfloat162* ho = reinterpret_cast<const __nv_bfloat162*>(&o);
-  const __nv_bfloat162* hm = reinterpret_cast<const __nv_bfloat162*>(&m);
-  __nv_bfloat162* hr = reinterpret_cast<__nv_bfloat162*>(&r);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) hr[i] = __hadd2(__hadd2(hx[i], ho[i]), hm[i]);
-  return r;
-}
-
 // Activations are written by other SMs during the launch: plain loads (never the read-only path). The
 // dependency wait's acquire orders them after the producers' writes.
 __device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -105,13 +92,6 @@ struct Step {
   // Each layer's routed slot count, kept for the whole step (route()[0] is the latest layer's only).
   // (layout.route_offsets: right after the slot rows, so no step word of its own)
   __device__ int* layer_active() const { return slot_rows((int)w[abi::S_NUM_SLOTS]); }
-  // A layer's flagged residual words of one buffer (abi.RESIDUAL_WORDS: abi::kResidualX / O / Mlp), [batch][kHidden
-  // / 2], in the two layer-parity halves as x, o and mlp alternate; null without them (StepShape.flagged_residual).
-  // They sit in the step's barrier array, which the host zeroes before every launch.
-  __device__ unsigned long long* residual_words(int buffer, int layer) const {
-    unsigned long long* w = ptr<unsigned long long>(abi::S_RESIDUAL_WORDS);
-    return w ? w + (long long)((layer & 1) * abi::kResidualBuffers + buffer) * batch() * (abi::kHidden / 2) : nullptr;
-  }
   // One layer's posted route words (the step's posted_routing, abi.ROUTE_POST): [0] its routed slot count,
   // [1 + s] slot s. They sit in the step's barrier array, which the host zeroes before every launch.
   __device__ unsigned long long* route_posts(int layer) const {

@@ -53,12 +53,6 @@ union OpShared {
 #undef MEGAKERNEL_SHARED
 };
 
-// Where the loop polls a flagged task's inputs and puts its x_l: its op's partial sums, the first member of its
-// scratch.
-__device__ __forceinline__ void* flagged_scratch(OpShared& sh) { return &sh; }
-static_assert(offsetof(QkvRopeOp::Shared, part) == 0 && offsetof(RouterOp::Shared, part) == 0,
-              "a flagged reader's partial sums start its scratch (flagged_scratch)");
-
 struct SharedStorage {
   PipelineStorage pipe;
   OpShared op;
@@ -66,7 +60,6 @@ struct SharedStorage {
   long long step[abi::kStepWords];
   BlockContext ctx;  // right after the step table (Consumer::ctx)
 };
-static_assert(offsetof(SharedStorage, op) % 16 == 0, "the op scratch takes 16-byte copies (flagged_scratch)");
 static_assert(offsetof(SharedStorage, ctx) == offsetof(SharedStorage, step) + sizeof(long long) * abi::kStepWords,
               "the block context follows the step table");
 
@@ -231,29 +224,15 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
     const int op = d[abi::F_OPCODE];
     if (op == abi::OP_END) return;
     const Task t{d, layer_of(layer_table, d)};
-    // A flagged task (abi::flagged_word; StepShape.flagged_residual) starts at once: its consumers poll the
-    // previous layer's flagged words below, and its body takes the waits before its first write.
-    const int flagged_word = abi::flagged_word(op);
-    const bool flagged = flagged_word >= 0 && d[flagged_word];
     if (leader) {
       if (trace) S.ctx.wait_start_ns = global_timer_ns();
       // A task with nothing to do on this step's data reads nothing: it does not wait (and hold up the
       // tasks queued behind it on this SM) for inputs it will not read.
       const bool ok =
-          (abi::waits_only_if_work(op) && !has_work(op, st, t)) || flagged ||
+          (abi::waits_only_if_work(op) && !has_work(op, st, t)) ||
           wait_task_inputs(S.ctx.complete, barriers, error, timeout_ns, d);
       if (!ok) c.abort();  // and the producer stops waiting for ring space
       if (trace) S.ctx.run_start_ns = global_timer_ns();
-    }
-    // A flagged task's inputs: every consumer polls the previous layer's flagged words of its eight columns and
-    // puts x_l in the op's scratch (the task's partial sums, which it fills only from its first stage;
-    // ops/norm.cuh's normed_gemm reads it there).
-    if (flagged && !flagged_form_exists(op, st, t)) {  // a descriptor the host does not write: refused
-      if (leader) report_stall(error, d, abi::kFlaggedResidualWait, 0, 0);
-      c.abort();
-    } else if (flagged &&
-               !flagged_residual_rows(st, t.layer(), c.thread * 8, flagged_scratch(S.op), d, error, timeout_ns)) {
-      c.abort();
     }
     consumer_sync();
     if (S.ctx.consumer_abort) return;
@@ -317,9 +296,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = threadIdx.x; i < kKnownBarriers / 32; i += kThreads) S.ctx.complete[i] = 0;
   if (threadIdx.x == 0) {
     S.pipe.init();
-    S.ctx.barriers = barriers;
-    S.ctx.error = error;
-    S.ctx.timeout_ns = step_table[abi::S_TIMEOUT_NS];
     S.ctx.pipe_abort = &S.pipe.abort;
     S.ctx.consumer_abort = 0;
   }

@@ -72,14 +72,10 @@ __device__ __forceinline__ bool wait_task_inputs(uint32_t* complete, int* barrie
          wait_input(complete, barriers, desc[abi::F_WAIT1_BARRIER], desc[abi::F_WAIT1_COUNT], error, timeout_ns, desc);
 }
 
-// What a consumer's waits and aborts need beyond the step table, for the loop (megakernel.cu) and for a flagged
-// task's body (abi::flagged_word), which takes its waits itself. It sits in shared memory right after the step
-// table, so an op body reaches it through its Step (Consumer::ctx) and no register holds it across the consumer
-// loop, whose GEMM paths use every register the consumers have.
+// What the consumer loop's waits and aborts need beyond the step table (megakernel.cu). It sits in shared memory
+// right after the step table, so a consumer reaches it through its Step (Consumer::ctx) and no register holds it
+// across the consumer loop, whose GEMM paths use every register the consumers have.
 struct BlockContext {
-  int* barriers;
-  int* error;
-  long long timeout_ns;
   volatile int* pipe_abort;  // the producer's and the signaller's ring waits see it
   int consumer_abort;        // written before a consumer_sync, read by every consumer after it
   uint32_t complete[kKnownBarriers / 32];  // the consumer leader's alone
@@ -107,22 +103,6 @@ struct Consumer {
     x.consumer_abort = 1;
     *x.pipe_abort = 1;
   }
-  // Every consumer thread, after a consumer_sync: whether a consumer gave up.
-  __device__ bool aborted() const { return ctx().consumer_abort != 0; }
-
-  // A flagged task's input waits (the ones the loop takes before any other task starts), taken by the leader
-  // before the task's first global write: its reads of the previous layer came from flagged words, which
-  // need no barrier, but its writes must follow whatever the barriers order (the buffers it overwrites were
-  // read by tasks the barriers wait for). Every consumer thread; false if the step is being aborted.
-  __device__ bool wait_inputs(const Task& t) const {
-    if (Role::consumer_leader()) {
-      BlockContext& x = ctx();
-      if (!wait_task_inputs(x.complete, x.barriers, x.error, x.timeout_ns, t.d)) abort();
-    }
-    consumer_sync();
-    return !aborted();
-  }
-
   // Phase marks of the task being traced (taken by the consumer leader only).
   __device__ void mark_inputs() {
     if (tracing && Role::consumer_leader()) inputs_ns = global_timer_ns();
@@ -131,16 +111,6 @@ struct Consumer {
     if (tracing && Role::consumer_leader()) stages_ns = global_timer_ns();
   }
 };
-
-// Whether the flagged form (StepShape.flagged_residual) exists for a task whose `flagged` word (abi::flagged_word) is
-// set: a folded norm on a layer with a previous one, up to kFlaggedResidualMaxBatch rows, no batch-row slice. The host
-// never sets the word elsewhere (schedule.StepShape and build_schedule refuse it); the loop refuses a descriptor
-// that does, with a stall record, rather than poll words nothing writes or skip waits the plain form needs.
-__device__ __forceinline__ bool flagged_form_exists(int op, const Step& st, const Task& t) {
-  // the words themselves: a step without them (null) would have the polls copy from near address 0
-  if (t.layer() == 0 || st.batch() > abi::kFlaggedResidualMaxBatch || st.i(abi::S_RESIDUAL_WORDS) == 0) return false;
-  return op == abi::OP_QKV_ROPE ? t[abi::F_QKV_ROPE_NORM] && !t[abi::F_QKV_ROPE_BATCH_ROWS] : t[abi::F_ROUTER_NORM] != 0;
-}
 
 // Whether an op struct declares the optional has_work hook.
 template <class T, class = void>

@@ -24,8 +24,7 @@ struct DenseUpgateOp {
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
     const int col0 = t[abi::F_DENSE_UPGATE_COL0], cols = t[abi::F_DENSE_UPGATE_COLS], R = 2 * cols;
     const int B = c.st.batch(), bp = padded_rows(B);
-    if (!hidden_gemm<RS>(c, t, t[abi::F_DENSE_UPGATE_NORM] != 0, false, R, sh.part, sh.norm, nullptr, nullptr))
-      return false;
+    if (!hidden_gemm<RS>(c, t, t[abi::F_DENSE_UPGATE_NORM] != 0, R, sh.part, sh.norm, nullptr, nullptr)) return false;
     bf16* act = c.st.ptr<bf16>(abi::S_DACT) + col0;
     store_silu_mul(c, sh.part, cols, B, bp, [&](int b) { return act + (long long)b * I; });
     return true;
@@ -47,9 +46,7 @@ struct DenseDownOp {
     const int row0 = t[abi::F_DENSE_DOWN_ROW0], R = t[abi::F_DENSE_DOWN_ROWS], B = c.st.batch(), bp = padded_rows(B);
     if (!gemm_task<K, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_DACT), K, B}, B, R, sh.part)) return false;
     bf16* mlp = c.st.mlp(t.layer()) + row0;
-    flagged::Word* words = c.st.residual_words(abi::kResidualMlp, t.layer());  // StepShape.flagged_residual
-    if (words) words += row0 / 2;
-    store_rows<RS>(c, sh.part, R, B, bp, [&](int b) { return mlp + (long long)b * abi::kHidden; }, words, t.layer());
+    store_rows<RS>(c, sh.part, R, B, bp, [&](int b) { return mlp + (long long)b * abi::kHidden; });
     return true;
   }
 };

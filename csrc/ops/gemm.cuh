@@ -19,7 +19,6 @@
 // (gemm_stages_grouped). layout.gemm_tiles sizes tasks so that either form fits abi::kPartialFloats.
 #pragma once
 
-#include "../flagged.cuh"
 #include "../task.cuh"
 
 namespace vllm_megakernel {
@@ -218,12 +217,9 @@ __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); 
 // start in the destination (the task's first output column already added).
 
 // Weight row r of the task -> output column r, rounded to bf16, two columns a store (R is even: a task is whole
-// stages, and layout.rows_per_stage gives these GEMMs 4 or 16 rows a stage). With `words` (the residual writers
-// O_PROJ and DENSE_DOWN under StepShape.flagged_residual: the task's first column of batch row 0's flagged words
-// of `layer`) each pair is also stored there as its flagged word, from the same rounded bits.
+// stages, and layout.rows_per_stage gives these GEMMs 4 or 16 rows a stage).
 template <int RS, class Row>
-__device__ __forceinline__ void store_rows(const Consumer& c, const float* part, int R, int count, int bp, Row row,
-                                           flagged::Word* words = nullptr, int layer = 0) {
+__device__ __forceinline__ void store_rows(const Consumer& c, const float* part, int R, int count, int bp, Row row) {
   // R and the task's first column are whole stages of RS rows (a cut last down tile ends at hidden, also even):
   // every pair is 4-byte aligned and none is half outside the task
   static_assert(RS % 2 == 0 && abi::kHidden % 2 == 0, "store_rows stores two columns a store");
@@ -232,7 +228,6 @@ __device__ __forceinline__ void store_rows(const Consumer& c, const float* part,
     const int r = 2 * (idx % pairs), b = idx / pairs;
     const uint32_t pair = pack2(part[r * bp + b], part[(r + 1) * bp + b]);
     *reinterpret_cast<uint32_t*>(row(b) + r) = pair;
-    if (words) flagged::store_pair(words + (long long)b * (abi::kHidden / 2), r, pair, layer);
   }
 }
 

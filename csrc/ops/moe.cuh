@@ -20,7 +20,6 @@
 // it (claimed_word below); consumers and the loop then run it like any other.
 #pragma once
 
-#include "../flagged.cuh"
 #include "gemm.cuh"
 #include "topk.cuh"
 
@@ -350,7 +349,6 @@ struct MoeCombineOp {
     const float* topk_w = c.st.ptr<const float>(abi::S_TOPK_W);
     const bf16* eout = c.st.ptr<const bf16>(abi::S_EOUT);
     bf16* mlp = c.st.mlp(t.layer());
-    flagged::Word* words = c.st.residual_words(abi::kResidualMlp, t.layer());  // StepShape.flagged_residual
     for (int idx = c.thread; idx < B * vecs; idx += kConsumerThreads) {
       const int b = idx / vecs, col = col0 + (idx % vecs) * 8;
       uint4 out = make_uint4(0, 0, 0, 0);
@@ -365,7 +363,6 @@ struct MoeCombineOp {
         out = combine_experts8(w, e);
       }
       store16(mlp + (long long)b * abi::kHidden + col, out);
-      if (words) flagged::store8(words + (long long)b * (abi::kHidden / 2), col, out, t.layer());
     }
     return true;
   }

@@ -11,7 +11,6 @@
 // task takes one row on every consumer warp and sums the previous MoE layer's expert outputs itself (moe).
 #pragma once
 
-#include "../flagged.cuh"
 #include "gemm.cuh"
 #include "moe.cuh"
 
@@ -27,6 +26,19 @@ __device__ __forceinline__ float sumsq8(const uint4& v) {
     ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
   }
   return ss;
+}
+
+// (x + o) + m on eight bf16 values with a bf16 rounding after each add: a bf16 add rounds the exact sum
+// once, which is what rounding the fp32 sum of two bf16 values gives (vLLM adds in bf16).
+__device__ __forceinline__ uint4 residual_add8(const uint4& x, const uint4& o, const uint4& m) {
+  uint4 r;
+  const __nv_bfloat162* hx = reinterpret_cast<const __nv_bfloat162*>(&x);
+  const __nv_bfloat162* ho = reinterpret_cast<const __nv_bfloat162*>(&o);
+  const __nv_bfloat162* hm = reinterpret_cast<const __nv_bfloat162*>(&m);
+  __nv_bfloat162* hr = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) hr[i] = __hadd2(__hadd2(hx[i], ho[i]), hm[i]);
+  return r;
 }
 
 // bf16(w * (x * inv)) on eight values, in fp32 (the RMSNorm's scale).
@@ -48,13 +60,9 @@ __device__ __forceinline__ uint4 scale8(const uint4& x, const uint4& w, float in
 // and the arithmetic stays on packed bf16 pairs: this code runs once per layer per SM, cold in the
 // instruction cache, so its length is its latency.
 template <int N, class Col>
-__device__ __forceinline__ float residual_vectors(const Step& st, int layer, int b, Col col, uint4 (&v)[N],
-                                                  const bf16* xs = nullptr) {
+__device__ __forceinline__ float residual_vectors(const Step& st, int layer, int b, Col col, uint4 (&v)[N]) {
   float ss = 0.f;
-  if (xs) {  // the flagged form (normed_gemm): x_l already summed, in shared memory
-#pragma unroll
-    for (int j = 0; j < N; ++j) v[j] = load16(xs + (long long)b * abi::kHidden + col(j));
-  } else if (layer == 0) {
+  if (layer == 0) {
     const int id = st.ptr<const int>(abi::S_INPUT_IDS)[b];
     const bf16* row = st.ptr<const bf16>(abi::S_EMBED) + (long long)id * abi::kHidden;
 #pragma unroll
@@ -116,14 +124,13 @@ struct NormScratch {
   float sumsq[kConsumerWarps][kMaxRegisterRows];
 };
 
-// The warp's register slice of hn_l for batch rows g (+8), from x_l's vectors as `vectors(b, col, v)` gives them
-// (returning their sum of squares, summed in vector order). Stores x_l (store_x) or hn_l (store_hn) for those rows
-// and columns when asked. Contains a consumer_sync.
-template <int MH, class Vectors>
-__device__ __forceinline__ void normed_tile(ActTile<abi::kHidden, MH>& a, const Consumer& c, const Task& t,
-                                            NormScratch& sh, bf16* store_x, bf16* store_hn, Vectors vectors) {
+// The warp's register slice of hn_l for batch rows g (+8), computed from the residual stream. Stores x_l
+// (store_x) or hn_l (store_hn) for those rows and columns when asked. Contains a consumer_sync.
+template <int MH>
+__device__ void load_normed(ActTile<abi::kHidden, MH>& a, const Consumer& c, const Task& t, NormScratch& sh,
+                            bf16* store_x, bf16* store_hn) {
   using Tile = ActTile<abi::kHidden, MH>;
-  const int B = c.st.batch(), g = c.lane >> 2;
+  const int B = c.st.batch(), layer = t.layer(), g = c.lane >> 2;
   const auto col = [&](int k) { return Tile::col(c.warp, c.lane, k); };
   // The norm weights of this lane's columns, issued with the residual loads below: one round trip to L2
   // for both (issued after them, they were a second one on every layer's critical path).
@@ -136,17 +143,10 @@ __device__ __forceinline__ void normed_tile(ActTile<abi::kHidden, MH>& a, const 
     const int b = g + 8 * h;
     float ss = 0.f;
     if (b < B) {
-      ss = vectors(b, col, a.v[h]);
-      if (store_x) {
-        // with flagged residual words (StepShape.flagged_residual) x_l is stored as words too: the next layer's
-        // flagged tasks poll them (the flagged form stores them in normed_gemm; this is layer 0's)
-        flagged::Word* words = c.st.residual_words(abi::kResidualX, t.layer());
+      ss = residual_vectors<Tile::KCH>(c.st, layer, b, col, a.v[h]);
+      if (store_x)
 #pragma unroll
-        for (int k = 0; k < Tile::KCH; ++k) {
-          store16(store_x + (long long)b * abi::kHidden + col(k), a.v[h][k]);
-          if (words) flagged::store8(words + (long long)b * (abi::kHidden / 2), col(k), a.v[h][k], t.layer());
-        }
-      }
+        for (int k = 0; k < Tile::KCH; ++k) store16(store_x + (long long)b * abi::kHidden + col(k), a.v[h][k]);
     } else {
 #pragma unroll
       for (int k = 0; k < Tile::KCH; ++k) a.v[h][k] = make_uint4(0, 0, 0, 0);
@@ -173,89 +173,27 @@ __device__ __forceinline__ void normed_tile(ActTile<abi::kHidden, MH>& a, const 
   }
 }
 
-// The warp's register slice of hn_l for batch rows g (+8), computed from the residual stream (normed_tile); with
-// `xs` (the flagged form, batch <= 8) x_l comes from there, shared memory, as flagged_residual_rows put it.
-template <int MH>
-__device__ void load_normed(ActTile<abi::kHidden, MH>& a, const Consumer& c, const Task& t, NormScratch& sh,
-                            bf16* store_x, bf16* store_hn, const bf16* xs = nullptr) {
-  using Tile = ActTile<abi::kHidden, MH>;
-  const int layer = t.layer();
-  normed_tile(a, c, t, sh, store_x, store_hn, [&](int b, const auto& col, uint4(&v)[Tile::KCH]) {
-    return residual_vectors<Tile::KCH>(c.st, layer, b, col, v, MH == 1 ? xs : nullptr);  // flagged: batch <= 8
-  });
-}
-
-// x_l of every batch row for this consumer thread's eight columns [col, col + 8), from the previous layer's
-// flagged words (flagged::poll_row8, a row at a time, through its stage at the start of `scratch`), into xs (after
-// the stage: row b at xs + b * kHidden). Every consumer thread; false if its poll gave up.
-__device__ __forceinline__ bool flagged_residual_rows(const Step& st, int layer, int col, void* scratch,
-                                                      const int* desc, int* error, long long timeout_ns) {
-  flagged::Word* stage = static_cast<flagged::Word*>(scratch);
-  bf16* xs = flagged::x_rows(scratch);
-  for (int b = 0; b < st.batch(); ++b) {
-    uint4 x;
-    if (!flagged::poll_row8(st, layer, b, col, stage, x, desc, error, timeout_ns)) return false;
-    store16(xs + (long long)b * abi::kHidden + col, x);
-  }
-  return true;
-}
-
-static_assert(kConsumerThreads * 8 == abi::kHidden, "the flagged norm: a consumer thread polls eight columns a row");
-static_assert(abi::kFlaggedResidualMaxBatch <= 8 &&
-                  flagged::scratch_bytes(abi::kFlaggedResidualMaxBatch) <= abi::kPartialFloats * 4,
-              "the flagged rows fit one register tile, and the stage and x_l the partial sums");
-
 // A GEMM over K = hidden whose activation rows are hn_l computed on the fly (batch <= 16). Leaves the
 // sums as gemm_task does.
-//
-// `flagged` (StepShape.flagged_residual; the task's `flagged` field; batch <= kFlaggedResidualMaxBatch): the loop
-// took no wait, and its consumers polled the previous layer's flagged words into x_l in shared memory
-// (flagged_residual_rows, in the task's partial sums, which it fills only from its first stage), from which
-// load_normed builds the same register tile and norm as from the buffers, bit-equal. The task's waits
-// (Consumer::wait_inputs) come before its first write: after the GEMM, before the stores of hn_l (store_hn, from
-// the register tile) and of the caller's outputs; where it stores x_l (store_x, plain and flagged, from shared
-// memory), before the GEMM, whose partial sums overwrite x_l there.
 template <int RS>
 __device__ bool normed_gemm(Consumer& c, const Task& t, int R, float* part, NormScratch& sh, bf16* store_x,
-                            bf16* store_hn, bool flagged) {
+                            bf16* store_hn) {
   const int B = c.st.batch(), bp = padded_rows(B), nstages = R / RS;
   if (B <= 8) {
-    const bf16* xs = flagged ? flagged::x_rows(part) : nullptr;
     ActTile<abi::kHidden, 1> a;
-    load_normed(a, c, t, sh, flagged ? nullptr : store_x, flagged ? nullptr : store_hn, xs);
-    if (flagged && store_x) {
-      if (!c.wait_inputs(t)) return false;
-      flagged::Word* words = c.st.residual_words(abi::kResidualX, t.layer());
-      for (int b = 0; b < B; ++b) {
-        const int col = c.thread * 8;
-        const uint4 x = load16(xs + (long long)b * abi::kHidden + col);
-        store16(store_x + (long long)b * abi::kHidden + col, x);
-        flagged::store8(words + (long long)b * (abi::kHidden / 2), col, x, t.layer());
-      }
-    }
-    if (flagged) consumer_sync();  // every warp has its slice of xs: the GEMM's partial sums may overwrite it
-    if (!gemm_stages<abi::kHidden, RS, 1>(c, a, nstages, part, R, bp)) return false;
-    if (!flagged) return true;
-    // before this task's and its caller's writes; with store_x they were taken above
-    if (!store_x && !c.wait_inputs(t)) return false;
-    const int g = c.lane >> 2;
-    if (store_hn && g < B)
-#pragma unroll
-      for (int k = 0; k < ActTile<abi::kHidden, 1>::KCH; ++k)
-        store16(store_hn + (long long)g * abi::kHidden + ActTile<abi::kHidden, 1>::col(c.warp, c.lane, k), a.v[0][k]);
-    return true;
+    load_normed(a, c, t, sh, store_x, store_hn);
+    return gemm_stages<abi::kHidden, RS, 1>(c, a, nstages, part, R, bp);
   }
   ActTile<abi::kHidden, 2> a;
   load_normed(a, c, t, sh, store_x, store_hn);
   return gemm_stages<abi::kHidden, RS, 2>(c, a, nstages, part, R, bp);
 }
 
-// Activation rows of a hidden-wide GEMM: hn_l folded in (norm; from the flagged words: flagged) or read from the
-// workspace.
+// Activation rows of a hidden-wide GEMM: hn_l folded in (norm) or read from the workspace.
 template <int RS>
-__device__ bool hidden_gemm(Consumer& c, const Task& t, bool norm, bool flagged, int R, float* part, NormScratch& sh,
+__device__ bool hidden_gemm(Consumer& c, const Task& t, bool norm, int R, float* part, NormScratch& sh,
                             bf16* store_x, bf16* store_hn) {
-  if (norm || flagged) return normed_gemm<RS>(c, t, R, part, sh, store_x, store_hn, flagged);
+  if (norm) return normed_gemm<RS>(c, t, R, part, sh, store_x, store_hn);
   const int B = c.st.batch();
   return gemm_task<abi::kHidden, RS>(c, DenseRows{c.st.ptr<const bf16>(abi::S_HN), abi::kHidden, B}, B, R, part);
 }

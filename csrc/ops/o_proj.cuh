@@ -38,9 +38,7 @@ struct OProjOp {
     const DenseRows rows{c.st.ptr<const bf16>(abi::S_ATTN) + (long long)b0 * K, K, B};
     if (!gemm_task<K, RS>(c, rows, B, R, sh.part)) return false;
     bf16* o = c.st.o(t.layer()) + (long long)b0 * abi::kHidden + row0;
-    flagged::Word* words = c.st.residual_words(abi::kResidualO, t.layer());  // StepShape.flagged_residual
-    if (words) words += ((long long)b0 * abi::kHidden + row0) / 2;
-    store_rows<RS>(c, sh.part, R, B, bp, [&](int b) { return o + (long long)b * abi::kHidden; }, words, t.layer());
+    store_rows<RS>(c, sh.part, R, B, bp, [&](int b) { return o + (long long)b * abi::kHidden; });
     return true;
   }
 };

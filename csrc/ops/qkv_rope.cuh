@@ -32,10 +32,7 @@ struct QkvRopeOp {
       if (!gemm_task<K, RS>(c, rows, B, R, sh.part)) return false;
     } else {
       bf16* store_x = t[abi::F_QKV_ROPE_WRITE_X] ? c.st.x(layer) : nullptr;
-      // flagged: its waits are taken in there, before the stores of x and of the outputs below
-      if (!hidden_gemm<RS>(c, t, t[abi::F_QKV_ROPE_NORM] != 0, t[abi::F_QKV_ROPE_FLAGGED] != 0, R, sh.part, sh.norm,
-                           store_x, nullptr))
-        return false;
+      if (!hidden_gemm<RS>(c, t, t[abi::F_QKV_ROPE_NORM] != 0, R, sh.part, sh.norm, store_x, nullptr)) return false;
     }
 
     constexpr int D = abi::kHeadDim, Hq = abi::kNumHeads, Hkv = abi::kNumKvHeads;

@@ -35,10 +35,7 @@ struct RouterOp {
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
     const int row0 = t[abi::F_ROUTER_ROW0], R = t[abi::F_ROUTER_ROWS], B = c.st.batch(), bp = padded_rows(B);
     bf16* store_hn = t[abi::F_ROUTER_WRITE_HN] ? c.st.ptr<bf16>(abi::S_HN) : nullptr;
-    // flagged: its waits are taken in there, before the stores of hn and of the scores below
-    if (!hidden_gemm<RS>(c, t, t[abi::F_ROUTER_NORM] != 0, t[abi::F_ROUTER_FLAGGED] != 0, R, sh.part, sh.norm, nullptr,
-                         store_hn))
-      return false;
+    if (!hidden_gemm<RS>(c, t, t[abi::F_ROUTER_NORM] != 0, R, sh.part, sh.norm, nullptr, store_hn)) return false;
     float* scores = c.st.scores(t.layer());
     for (int idx = c.thread; idx < R * B; idx += kConsumerThreads) {
       const int r = idx % R, b = idx / R;

@@ -21,18 +21,12 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 18
+ABI_VERSION = 19
 TASK_WORDS = 32
 NO_BARRIER = -1
 # A stall record's barrier when the wait that timed out was a producer's poll of a posted route word
 # (StepShape.posted_routing): its expected is the slot, its seen the layer's posted slot count (-1: not posted)
 POSTED_ROUTE_WAIT = -2
-# A stall record's barrier when the wait that timed out was a consumer's poll of the previous layer's flagged
-# residual words (StepShape.flagged_residual): its expected is the flag polled for (the writing layer + 1),
-# its seen the flag of a word that did not carry it (0: never written); expected 0: the task's flagged field was
-# set where the flagged form does not exist (a step without the words, layer 0, a batch above
-# KERNEL["flagged_residual_max_batch"], a batch-row slice, no folded norm), refused before any poll
-FLAGGED_RESIDUAL_WAIT = -3
 
 
 class Op(enum.IntEnum):
@@ -75,10 +69,8 @@ HEADER_FIELDS = (
 # ``batch_rows`` > 0: the task computes only batch rows [batch0, batch0 + batch_rows) (StepShape.
 # qkv_batch_split; never with ``norm``); 0: every row. QKV_ROPE, ROUTER and DENSE_UPGATE: ``norm`` = 1: the
 # task folds the layer's RMSNorm into its activation load (reads the residual stream, not hn); ``write_x`` /
-# ``write_hn`` = 1 on the one task of the wave that also stores x_l / hn for the rest of the layer; QKV_ROPE and
-# ROUTER: ``flagged`` = 1 (StepShape.flagged_residual; with ``norm``): the task polls the previous layer's x, o
-# and mlp as flagged words (RESIDUAL_WORDS) from its start and takes its waits before its first write
-# (FLAGGED_READERS). O_PROJ: ``batch0`` / ``batch_rows`` as QKV_ROPE's (StepShape.o_batch_split).
+# ``write_hn`` = 1 on the one task of the wave that also stores x_l / hn for the rest of the layer. O_PROJ:
+# ``batch0`` / ``batch_rows`` as QKV_ROPE's (StepShape.o_batch_split).
 #
 # ``claim`` (expert tasks): NO_BARRIER, or the barrier word that counts the claims of the task's wave. With
 # a counter, the task is a place in its SM's list, not a fixed tile: the producer takes the next number n
@@ -106,8 +98,8 @@ ROUTED_FIELDS = ("expert", "count") + tuple(f"pair{i}" for i in range(ROUTED_PAI
 OP_FIELDS: dict[Op, tuple[str, ...]] = {
     Op.END: (),
     Op.NORM: ("row0", "rows", "final", "moe", "row_warps"),
-    Op.QKV_ROPE: ("row0", "rows", "norm", "write_x", "batch0", "batch_rows", "flagged"),
-    Op.ROUTER: ("row0", "rows", "norm", "write_hn", "flagged"),
+    Op.QKV_ROPE: ("row0", "rows", "norm", "write_x", "batch0", "batch_rows"),
+    Op.ROUTER: ("row0", "rows", "norm", "write_hn"),
     Op.ROUTER_TOPK: ("down_barrier", "down_tiles"),
     Op.ATTN_PARTIAL: ("request", "split"),
     Op.ATTN_COMBINE: ("request", "head0", "heads"),
@@ -120,13 +112,6 @@ OP_FIELDS: dict[Op, tuple[str, ...]] = {
 }
 
 ROUTED_OPS = frozenset({Op.MOE_UPGATE, Op.MOE_DOWN})
-
-# Opcodes whose tasks may read the previous layer's residual inputs from their flagged words
-# (StepShape.flagged_residual, RESIDUAL_WORDS): with their ``flagged`` field set, the task's consumers poll
-# those words from the start of the task, and its waits are not taken before the task starts but by the
-# op body (Consumer::wait_inputs) before its first global write, so the reads need no barrier and the writes
-# stay ordered after the waits (csrc/abi.h's flagged_word names each one's ``flagged`` word for the loop).
-FLAGGED_READERS = frozenset({Op.QKV_ROPE, Op.ROUTER})
 
 # Opcodes whose tasks may have nothing to do on a step's live data (an attention split past the end of its
 # request's visible keys). The op struct declares `has_work(step, task)`, read only from what the host wrote
@@ -168,10 +153,6 @@ STEP_FIELDS = (
     # top-k's barrier and then reading the route buffer (schedule.StepShape's posted_routing; batches up to
     # KERNEL["posted_routing_max_batch"])
     "posted_routing",
-    # the flagged residual words (uint64, RESIDUAL_WORDS; schedule.StepShape's flagged_residual; 0: off): the
-    # writers of x, o and mlp also store them, and the next layer's flagged tasks poll them. In the step's
-    # barrier array, after the posted route words: the host zeroes it before every launch
-    "residual_words",
     # how many of the producer's stage-ring buffers may be in flight (issued, not landed) at once, 1 to
     # KERNEL["stages"] (the whole ring: no cap); schedule.StepShape's stages_in_flight
     "stages_in_flight",
@@ -248,10 +229,6 @@ KERNEL = {
     "local_routing_max_batch": 8,
     # the most rows a step with posted routing may have (a slot's rows fit its posted word, ROUTE_POST)
     "posted_routing_max_batch": 8,
-    # the most rows a step with flagged residual words may have: the flagged folded norm polls one row at a time,
-    # a round trip each, staging that row's words and x_l of every row in a task's partial sums (up to 6 rows fit:
-    # csrc/flagged.cuh's scratch_bytes)
-    "flagged_residual_max_batch": 4,
 }
 
 # One posted route word (StepShape.posted_routing): zero until the top-k stores it (the host zeroes the
@@ -261,13 +238,6 @@ KERNEL = {
 # reader that sees the bit sees the whole word (naturally aligned 64-bit accesses are single-copy atomic).
 ROUTE_POST = {"expert_bits": 7, "count_bits": 4, "pair_bits": 6, "posted_bit": 63}
 
-# The flagged residual words (StepShape.flagged_residual): uint64 [2 layer parities][buffers][batch][hidden / 2]
-# with the buffers in ``buffers`` order; word i of a row holds columns 2i and 2i + 1 (a bf16 pair, the low
-# column in the low half) in its low 32 bits and the writing layer + 1 in its high 32 bits. Zero until
-# written (the host zeroes the barrier array that holds them before every launch); each word is one 64-bit
-# store, so a reader that sees its layer's flag sees the pair the same store wrote.
-RESIDUAL_WORDS = {"buffers": ("x", "o", "mlp"), "flag_shift": 32}
-
 for _op in Op:
     assert _op in OP_FIELDS, f"{_op.name} has no field list"
     assert len(HEADER_FIELDS) + len(OP_FIELDS[_op]) <= TASK_WORDS, _op.name
@@ -276,7 +246,6 @@ for _op in Op:
 ROUTED_LEAD = ("slot", "first", "width", "claim")  # the first two are named per opcode: col0 / row0, cols / rows
 for _op in ROUTED_OPS:
     assert OP_FIELDS[_op][:4:3] == ("slot", "claim") and OP_FIELDS[_op][4:] == ROUTED_FIELDS, _op.name
-assert all("flagged" in OP_FIELDS[_op] for _op in FLAGGED_READERS), "a flagged reader has its flagged word"
 assert ROUTED_PAIR_WORDS >= KERNEL["register_batch"], "a slot's rows at the register batch fit the descriptor"
 _post_rows = KERNEL["posted_routing_max_batch"]
 assert MODEL["num_experts"] <= 1 << ROUTE_POST["expert_bits"] and _post_rows < 1 << ROUTE_POST["count_bits"]
@@ -304,19 +273,6 @@ def unpack_route_post(word: int) -> tuple[int, list[int]] | None:
     first = b["expert_bits"] + b["count_bits"]
     mask = (1 << b["pair_bits"]) - 1
     return word & ((1 << b["expert_bits"]) - 1), [word >> (first + j * b["pair_bits"]) & mask for j in range(count)]
-
-
-def pack_residual_word(pair_bits: int, layer: int) -> int:
-    """A flagged residual word (RESIDUAL_WORDS) as an unsigned 64-bit value: a bf16 pair's 32 bits, written by
-    ``layer``."""
-    return (layer + 1) << RESIDUAL_WORDS["flag_shift"] | pair_bits & 0xFFFFFFFF
-
-
-def unpack_residual_word(word: int) -> tuple[int, int] | None:
-    """(pair bits, writing layer) of a flagged residual word, or None while it is not written."""
-    word &= (1 << 64) - 1
-    flag = word >> RESIDUAL_WORDS["flag_shift"]
-    return None if flag == 0 else (word & 0xFFFFFFFF, flag - 1)
 
 
 def field_index(op: Op, name: str) -> int:
@@ -372,7 +328,6 @@ def render_header() -> str:
         f"constexpr int kTaskWords = {TASK_WORDS};",
         f"constexpr int kNoBarrier = {NO_BARRIER};",
         f"constexpr int kPostedRouteWait = {POSTED_ROUTE_WAIT};",
-        f"constexpr int kFlaggedResidualWait = {FLAGGED_RESIDUAL_WAIT};",
         "",
         "enum Op : int {",
     ]
@@ -384,11 +339,6 @@ def render_header() -> str:
     lines += ["constexpr bool routed_descriptor(int op) {",
               "  return " + " || ".join(f"op == OP_{op.name}" for op in sorted(ROUTED_OPS)) + ";", "}"]
     lines += [f"constexpr int kRoutedPairWords = {ROUTED_PAIR_WORDS};"]
-    lines += ["", "// The `flagged` word of the opcodes that may poll the flagged residual words and take their waits in",
-              "// the body (abi.FLAGGED_READERS); -1 for every other opcode."]
-    lines += ["constexpr int flagged_word(int op) {",
-              "  return " + " : ".join(f"op == OP_{op.name} ? {field_index(op, 'flagged')}"
-                                        for op in sorted(FLAGGED_READERS)) + " : -1;", "}"]
     lines += [f"constexpr int F_ROUTED_{name.upper()} = {len(HEADER_FIELDS) + i};"
               for i, name in enumerate(ROUTED_LEAD + ROUTED_FIELDS[:3])]
     lines += ["", "// Header words, common to every opcode."]
@@ -414,11 +364,6 @@ def render_header() -> str:
     lines += [f"constexpr int k{_camel(name)} = {value};" for name, value in KERNEL.items()]
     lines += ["", "// A posted route word (abi.ROUTE_POST)."]
     lines += [f"constexpr int kPost{_camel(name)} = {value};" for name, value in ROUTE_POST.items()]
-    lines += ["", "// The flagged residual words (abi.RESIDUAL_WORDS)."]
-    lines += [f"constexpr int kResidual{_camel(name)} = {RESIDUAL_WORDS['buffers'].index(name)};"
-              for name in RESIDUAL_WORDS["buffers"]]
-    lines += [f"constexpr int kResidualBuffers = {len(RESIDUAL_WORDS['buffers'])};",
-              f"constexpr int kResidualFlagShift = {RESIDUAL_WORDS['flag_shift']};"]
     lines += ["", "// Weight rows per pipeline stage of each GEMM (layout.rows_per_stage of its row length)."]
     lines += [f"constexpr int k{_camel(name)}StageRows = {rows};"
               for name, rows in layout.compiled_stage_rows().items()]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from vllm_megakernel.megakernel.abi import KERNEL, MODEL, RESIDUAL_WORDS
+from vllm_megakernel.megakernel.abi import KERNEL, MODEL
 
 STAGE_BYTES = KERNEL["stage_bytes"]
 STAGES = KERNEL["stages"]  # buffers in the producer's stage ring
@@ -30,7 +30,6 @@ DEFAULT_ATTN_MAX_TILES = 16  # ... as long as a split stays within this many til
 MAX_ATTN_SPLITS = KERNEL["max_attn_splits"]
 LOCAL_ROUTING_MAX_BATCH = KERNEL["local_routing_max_batch"]
 POSTED_ROUTING_MAX_BATCH = KERNEL["posted_routing_max_batch"]
-FLAGGED_RESIDUAL_MAX_BATCH = KERNEL["flagged_residual_max_batch"]
 
 
 def rows_per_stage(k: int, elem_bytes: int = 2) -> int:
@@ -302,14 +301,6 @@ def posted_routing_for(batch: int) -> bool:
     return False
 
 
-def flagged_residual_for(batch: int) -> bool:
-    """Whether the writers of x, o and mlp also store them as flagged words that the next layer's folded-norm
-    tasks poll from their start (schedule.StepShape's ``flagged_residual``), taking their waits only before
-    their first write: the layer boundary's hop loses the last writers' fences and barrier round trip, and the
-    residual loads overlap the wait. Not measured yet: off, a schedule choice to compare."""
-    return False
-
-
 def stages_in_flight_for(batch: int) -> int:
     """How many of the producer's ring buffers may be in flight at once (schedule.StepShape's
     ``stages_in_flight``; STAGES: the whole ring, no cap). A fence (the signaller's; before session AD also the
@@ -375,13 +366,6 @@ def route_post_words(dims, batch: int) -> int:
     return dims.num_layers * (1 + moe_slots(dims, batch))
 
 
-def residual_words(dims, batch: int) -> int:
-    """The flagged residual words of a step (uint64, abi.RESIDUAL_WORDS: two layer parities of x, o and mlp, a
-    word per two columns; StepShape.flagged_residual). They live in the step's barrier array, after the posted
-    route words, so that the host's zeroing of the barriers before every launch clears them too."""
-    return 2 * len(RESIDUAL_WORDS["buffers"]) * batch * dims.hidden // 2
-
-
 def workspace_spec(dims, batch: int, splits: int, moe_intermediate: int, dense_intermediate: int
                    ) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every workspace buffer of a ``batch``-row step: name -> (shape, dtype name). x, o and mlp hold two
@@ -413,8 +397,8 @@ def model_mismatches(dims, moe_intermediate: int, dense_intermediate: int) -> li
 
 __all__ = [
     "ATTN_TILE", "GemmTiles", "attn_live_splits_for", "attn_live_tasks_for", "attn_split_tiles", "attn_splits_for",
-    "combine_heads_for", "combine_place_for", "compiled_stage_rows", "flagged_residual_for", "local_routing_for",
-    "posted_routing_for", "residual_words", "route_post_words", "stages_in_flight_for",
+    "combine_heads_for", "combine_place_for", "compiled_stage_rows", "local_routing_for", "posted_routing_for",
+    "route_post_words", "stages_in_flight_for",
     "fold_norm", "gemm_tiles", "model_mismatches", "moe_slots", "padded_rows", "route_offsets", "rows_per_stage",
     "visible_range", "workspace_spec",
 ]

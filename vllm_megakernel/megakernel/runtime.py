@@ -120,25 +120,6 @@ def route_posts(step: DeviceStep) -> torch.Tensor:
     return step.barriers[at:at + 2 * s.route_post_words].view(torch.int64).view(s.dims.num_layers, -1)
 
 
-def _residual_words_at(schedule: Schedule | EncodedSchedule) -> int:
-    """int32 word of the step's barrier array where the flagged residual words start: after the posted route
-    words, 16-byte aligned (the kernel reads and writes them two words at a time); without them, the array's end."""
-    end = _route_posts_at(schedule) + 2 * schedule.route_post_words
-    return (end + 3) // 4 * 4 if schedule.residual_words else end
-
-
-def residual_words(step: DeviceStep) -> torch.Tensor:
-    """int64 [2, 3, batch, hidden / 2]: the flagged residual words the last launch of a step with flagged
-    residual words stored (abi.RESIDUAL_WORDS; StepShape.flagged_residual): by layer parity, buffer (x, o,
-    mlp), batch row and column pair, viewed from its barrier array; decode with abi.unpack_residual_word."""
-    s = step.schedule
-    if not s.residual_words:
-        raise ValueError(f"the batch-{s.shape.batch} step has no flagged residual words")
-    at = _residual_words_at(s)
-    words = step.barriers[at:at + 2 * s.residual_words].view(torch.int64)
-    return words.view(2, len(abi.RESIDUAL_WORDS["buffers"]), s.shape.batch, s.dims.hidden // 2)
-
-
 def check_kv_cache(cache: torch.Tensor, layer: int) -> None:
     """The kernel copies 16-token K/V tiles of every KV head with bulk copies: within a block, tokens and
     heads must be contiguous, and every stride a multiple of 16 bytes."""
@@ -198,10 +179,9 @@ def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: D
         raise ValueError(f"inputs have batch {ids.shape[0]}, schedule {B}")
     keep = [ids, positions, seq_lens]
     route = layout.route_offsets(dims, B)
-    # the barriers, then (posted routing) the posted route words (route_posts), then (flagged residual) the
-    # flagged residual words (residual_words): launch() zeroes them all
-    posts_at, words_at = _route_posts_at(schedule), _residual_words_at(schedule)
-    barriers = torch.zeros(words_at + 2 * schedule.residual_words, dtype=torch.int32, device=dev)
+    # the barriers, then (posted routing) the posted route words (route_posts): launch() zeroes them all
+    posts_at = _route_posts_at(schedule)
+    barriers = torch.zeros(posts_at + 2 * schedule.route_post_words, dtype=torch.int32, device=dev)
 
     step = {
         "batch": B, "num_slots": schedule.num_slots, "block_size": inputs.kv_caches[0].shape[2],
@@ -214,7 +194,6 @@ def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: D
         "rope_theta_f64": _f64_bits(dims.rope_theta), "timeout_ns": int(timeout_s * 1e9),
         "route_expert_off": route["expert"], "route_count_off": route["count"], "route_rows_off": route["rows"],
         "route_posts": _addr(barriers[posts_at:]) if schedule.route_post_words else 0,
-        "residual_words": _addr(barriers[words_at:]) if schedule.residual_words else 0,
         "embed": _addr(weights.embed), "final_norm": _addr(weights.final_norm),
         "input_ids": _addr(ids), "positions": _addr(positions), "seq_lens": _addr(seq_lens),
         **{name: _addr(t) for name, t in ws.items() if name != "route_log" or route_log},
@@ -294,13 +273,6 @@ def check(step: DeviceStep) -> None:
     if err["barrier"] == abi.POSTED_ROUTE_WAIT:
         seen = "not posted" if err["seen"] < 0 else f"{err['seen']} routed slots posted"
         waited = f"polled layer {err['layer']}'s posted route for slot {err['expected']}: {seen}"
-    elif err["barrier"] == abi.FLAGGED_RESIDUAL_WAIT and err["expected"] == 0:
-        waited = ("was refused: its flagged field is set where the flagged form does not exist (layer 0, a batch "
-                  f"above {abi.KERNEL['flagged_residual_max_batch']}, a batch-row slice, no folded norm, or a step without "
-                  "flagged words)")
-    elif err["barrier"] == abi.FLAGGED_RESIDUAL_WAIT:
-        waited = (f"polled layer {err['expected'] - 1}'s flagged residual words: a word still held layer "
-                  f"{err['seen'] - 1}'s (-1: never written)")
     else:
         waited = (f"waited on barrier {err['barrier']} ({s.barrier_name(err['barrier'])}): expected "
                   f"{err['expected']}, saw {err['seen']}")

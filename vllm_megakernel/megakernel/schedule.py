@@ -55,9 +55,6 @@ from vllm_megakernel.reference import ModelDims
 
 Region = tuple  # a logical buffer region, e.g. ("q", tile) or ("kv", layer, tile), (..., slice) for a batch slice
 POSTED_ROUTES = "route_posts"  # (POSTED_ROUTES, layer): a layer's posted route words, read through Task.load_post
-# (FLAGGED, name, parity, ...): the flagged words of x, o or mlp (StepShape.flagged_residual), keyed as the plain
-# buffer's units; read by the next layer's flagged tasks with no barrier edge (simulate.check_races' rule)
-FLAGGED = "flagged"
 
 # Orders of a layer's waves (each a topological order of the layer's dependencies; the dense prefix layer
 # skips the MoE-only waves). Tasks are dealt to SMs in this order, and each SM runs its list in order, so
@@ -146,13 +143,7 @@ class StepShape:
     polls its slot's word (``Task.load_post``) after waiting on the router wave, instead of waiting on the top-k's
     barrier and then reading the route buffer; the MoE combine waits on the top-k for its weights, as with local
     routing, under the same limits (layout.POSTED_ROUTING_MAX_BATCH rows, a MoE combine wave), and not with
-    local routing. ``flagged_residual`` (None: layout.flagged_residual_for the batch): the writers of x, o and mlp
-    (the QKV task that stores x, the O projection, the MoE combine and the dense down tasks) also store them as
-    self-flagged words (abi.RESIDUAL_WORDS), and the next layer's folded-norm QKV and router tasks (their
-    ``flagged`` field) poll those words from the start of the task instead of waiting on the layer boundary's
-    barriers first; they take the same waits before their first write. Up to layout.FLAGGED_RESIDUAL_MAX_BATCH
-    rows, with the norm folded (no norm wave, so no combine_in_norm). ``stages_in_flight`` (0:
-    layout.stages_in_flight_for the batch) caps the
+    local routing. ``stages_in_flight`` (0: layout.stages_in_flight_for the batch) caps the
     producer's stage-ring buffers in flight at once, 1 to layout.STAGES (the whole ring): a launch choice that
     changes when each SM's copies are issued, never what is computed. ``o_prefetch``: a producer that first
     reaches one of a MoE layer's routed places asks L2 for the weight rows of its SM's O projection places of the
@@ -182,7 +173,6 @@ class StepShape:
     combine_place: str | None = None
     local_routing: bool | None = None
     posted_routing: bool | None = None
-    flagged_residual: bool | None = None
     stages_in_flight: int = 0
     o_prefetch: bool = False
 
@@ -238,11 +228,6 @@ class StepShape:
             raise ValueError(f"posted_routing: up to batch {layout.POSTED_ROUTING_MAX_BATCH} with a MoE combine wave, "
                              f"without local_routing (batch {self.batch}, combine_in_norm={self.combine_in_norm}, "
                              f"local_routing={self.local_routing})")
-        if self.flagged_residual is None:
-            object.__setattr__(self, "flagged_residual", layout.flagged_residual_for(self.batch))
-        if self.flagged_residual and (self.batch > layout.FLAGGED_RESIDUAL_MAX_BATCH or self.norm == "wave"):
-            raise ValueError(f"flagged_residual: up to batch {layout.FLAGGED_RESIDUAL_MAX_BATCH} with the norm folded "
-                             f"(batch {self.batch}, norm={self.norm!r})")
         if self.stages_in_flight == 0:
             object.__setattr__(self, "stages_in_flight", layout.stages_in_flight_for(self.batch))
         if not 1 <= self.stages_in_flight <= layout.STAGES:
@@ -406,11 +391,6 @@ class Schedule:
         return layout.route_post_words(self.dims, self.shape.batch) if self.shape.posted_routing else 0
 
     @property
-    def residual_words(self) -> int:
-        """uint64 flagged residual words after the posted route words (layout.residual_words); 0 without them."""
-        return layout.residual_words(self.dims, self.shape.batch) if self.shape.flagged_residual else 0
-
-    @property
     def sm_task_counts(self) -> tuple[int, ...]:
         return tuple(len(lst) for lst in self.sm_tasks)
 
@@ -431,7 +411,6 @@ class EncodedSchedule:
         self.num_tasks, self.num_barriers, self.sm_task_counts = sched.num_tasks, sched.num_barriers, \
             sched.sm_task_counts
         self.route_post_words = sched.route_post_words
-        self.residual_words = sched.residual_words
         self._rebuild = rebuild
         self._full: Schedule | None = None
 
@@ -504,9 +483,6 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     B, S = shape.batch, shape.attn_splits
     tiles = layout.gemm_tiles(dims, moe_intermediate, dense_intermediate, B, dict(shape.tiles))
     fold = layout.fold_norm(B) if shape.norm == "auto" else shape.norm == "fold"
-    if shape.flagged_residual and not fold:
-        raise ValueError(f"flagged_residual needs the norm folded into its readers: batch {B} runs a norm wave "
-                         f"(norm={shape.norm!r})")
     for choice, on in (("combine_in_norm", shape.combine_in_norm), ("qkv_batch_split", shape.qkv_batch_split > 1)):
         if on and fold:
             raise ValueError(f"{choice} needs a norm wave: batch {B} folds the norm into its readers "
@@ -538,15 +514,6 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             return (("x", pp), ("o", pp), ("topk_w",), ("eout",))
         return (("x", pp), ("o", pp), ("mlp", pp))
 
-    def flagged_reads(layer: int) -> tuple[Region, ...]:
-        """What a flagged task of ``layer`` reads instead: the previous layer's flagged words of x, o and mlp."""
-        pp = (layer - 1) % 2
-        return tuple((FLAGGED, name, pp) for name in ("x", "o", "mlp"))
-
-    def flagged(regions: tuple[Region, ...]) -> tuple[Region, ...]:
-        """The flagged words a writer of x, o or mlp stores beside ``regions`` (StepShape.flagged_residual)."""
-        return tuple((FLAGGED,) + r for r in regions if r[0] in ("x", "o", "mlp")) if shape.flagged_residual else ()
-
     def norm_wave(layer: int, final: bool, wave: str, signal: int) -> None:
         p = layer % 2
         waits = () if layer == 0 else (prev_o, prev_mlp)
@@ -561,12 +528,9 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
     for layer in range(dims.num_layers):
         L, p = f"L{layer}", layer % 2
         dense = dims.dense[layer]
-        # the folded-norm QKV and router tasks that poll the previous layer's flagged words (their waits taken
-        # before their first write instead of before they start)
-        polls = int(shape.flagged_residual and layer > 0)
         if fold:
             in_waits = () if layer == 0 else (prev_o, prev_mlp)
-            in_reads = flagged_reads(layer) if polls else residual_reads(layer)
+            in_reads = residual_reads(layer)
         else:
             norm = b.barrier(f"{L}.norm")
             norm_wave(layer, False, "norm", norm)
@@ -582,7 +546,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                     writes += tuple(("hn", c) for c in chunks)
                 b.task(Op.ROUTER, layer, "router", waits=in_waits, signal=bar["router"], reads=in_reads,
                        writes=writes, row0=t * tiles.router_rows, rows=tiles.router_rows, norm=int(fold),
-                       write_hn=int(fold and t == 0), flagged=polls)
+                       write_hn=int(fold and t == 0))
 
         def qkv_wave():  # tiles of rows of [q; k; v] (by batch-row slices when split); folded: its first task stores x_l
             bar["qkv"] = b.barrier(f"{L}.qkv")
@@ -594,10 +558,9 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                         ((("kv", layer, t) + part,) if r1 > hq * D else ())
                     if fold and t == 0:
                         writes += tuple(("x", p, c) for c in chunks)
-                        writes += flagged(writes)
                     b.task(Op.QKV_ROPE, layer, "qkv", waits=in_waits, signal=bar["qkv"], reads=in_reads,
                            writes=writes, row0=r0, rows=tiles.qkv_rows, norm=int(fold), write_x=int(fold and t == 0),
-                           batch0=b0, batch_rows=nb, flagged=polls)
+                           batch0=b0, batch_rows=nb)
 
         def topk_wave():  # top-k and the expert work list
             bar["route"] = b.barrier(f"{L}.route")
@@ -617,10 +580,8 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
                 bar["dense_up"] = b.barrier(f"{L}.dense_up")
                 n = tiles.dense_up_cols
                 for t in range(dense_intermediate // n):
-                    # (no flagged form: it waits before it starts and reads the plain buffers)
-                    b.task(Op.DENSE_UPGATE, layer, "mlp_up", waits=in_waits, signal=bar["dense_up"],
-                           reads=residual_reads(layer) if polls else in_reads, writes=(("dact", t),), col0=t * n,
-                           cols=n, norm=int(fold))
+                    b.task(Op.DENSE_UPGATE, layer, "mlp_up", waits=in_waits, signal=bar["dense_up"], reads=in_reads,
+                           writes=(("dact", t),), col0=t * n, cols=n, norm=int(fold))
                 return
             n, route = tiles.moe_up_cols, routing()
             bar["up"] = [b.barrier(f"{L}.moe_up.s{s}") for s in range(slots)]
@@ -637,9 +598,8 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             if dense:
                 n = tiles.dense_down_rows
                 for t in range(H // n):
-                    units = _units("mlp", p, t * n, n)
                     b.task(Op.DENSE_DOWN, layer, "mlp_down", waits=(bar["dense_up"],), signal=bar["mlp"],
-                           reads=(("dact",),), writes=units + flagged(units), row0=t * n, rows=n)
+                           reads=(("dact",),), writes=_units("mlp", p, t * n, n), row0=t * n, rows=n)
                 return
             n, route = tiles.moe_down_rows, routing()
             claim = b.barrier(f"{L}.moe_down.claims") if shape.expert_claims else NO_BARRIER
@@ -668,9 +628,9 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             for t in range(H // n):
                 for s, (b0, nb) in enumerate(o_slices):
                     part = (s,) if nb else ()  # the slice's share of the tile's o units
-                    units = tuple(u + part for u in _units("o", p, t * n, n))
                     b.task(Op.O_PROJ, layer, "o_proj", waits=(bar["comb"],), signal=bar["o"], reads=(("attn",),),
-                           writes=units + flagged(units), row0=t * n, rows=n, batch0=b0, batch_rows=nb)
+                           writes=tuple(u + part for u in _units("o", p, t * n, n)), row0=t * n, rows=n,
+                           batch0=b0, batch_rows=nb)
 
         def moe_combine_wave():
             if moe_in_norm(layer + 1):  # the next norm sums the expert outputs: it waits on the down wave
@@ -683,10 +643,10 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             # 0.9 us later after the down wave with the top-k's wait second)
             waits = (bar["route"], bar["down"]) if shape.local_routing or shape.posted_routing else (bar["down"],)
             for t in range(H // combine_cols):
-                units = _units("mlp", p, t * combine_cols, combine_cols)
                 b.task(Op.MOE_COMBINE, layer, "moe_combine", waits=waits, signal=bar["mlp"],
-                       reads=(("route",), ("topk_w",), ("eout",)), writes=units + flagged(units),
-                       col0=t * combine_cols, cols=combine_cols)
+                       reads=(("route",), ("topk_w",), ("eout",)),
+                       writes=_units("mlp", p, t * combine_cols, combine_cols), col0=t * combine_cols,
+                       cols=combine_cols)
 
         waves = {"router": router_wave, "qkv": qkv_wave, "router_topk": topk_wave, "attn_partial": attn_wave,
                  "mlp_up": up_wave, "mlp_down": down_wave, "attn_combine": combine_wave, "o_proj": o_wave,

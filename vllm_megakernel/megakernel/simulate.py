@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from vllm_megakernel.megakernel import layout
 from vllm_megakernel.megakernel.abi import KERNEL, NO_BARRIER, ROUTED_OPS, Op, pack_route_post, unpack_route_post
 from vllm_megakernel.megakernel.runtime import workspace_dtype
-from vllm_megakernel.megakernel.schedule import FLAGGED, POSTED_ROUTES, Schedule, Task
+from vllm_megakernel.megakernel.schedule import POSTED_ROUTES, Schedule, Task
 from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route, uniform_experts
 
 
@@ -415,10 +415,6 @@ def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0,
     for t in schedule.tasks:
         if t.index not in topo:  # a dead slot's task: skipped, it touches nothing
             continue
-        plain = [region for region in t.reads if region[0] != FLAGGED]
-        if t.fields.get("flagged") and plain:  # the kernel reads them before the task's waits, which come after
-            raise RaceError(f"{t.describe()} polls flagged words and also reads {plain}, which its waits, taken "
-                            f"after its polls, do not order")
         for r in t.writes:
             writes[r].append(t.index)
         for r in t.reads:
@@ -427,9 +423,6 @@ def check_races(schedule: Schedule, order: str = "round_robin", seed: int = 0,
         readers = [i for n in range(1, len(key) + 1) for i in reads_by_prefix.get(key[:n], ())]
         if key[0] == POSTED_ROUTES:  # a flag in the data, no barrier: read only by the producers that poll it
             _check_posted(schedule, key, writers, readers)
-            continue
-        if key[0] == FLAGGED:  # a flag in each word, no barrier: read only by the next layer's flagged tasks
-            _check_flagged(schedule, hb, key, writers, readers)
             continue
         events = sorted([(topo[i], i, True) for i in writers] + [(topo[i], i, False) for i in readers])
         last_writer = None
@@ -459,35 +452,6 @@ def _check_posted(schedule: Schedule, key: tuple, writers: list[int], readers: l
         if schedule.tasks[r].load_post != writers[0]:
             raise RaceError(f"{schedule.tasks[r].describe()} reads {key} without polling "
                             f"{schedule.tasks[writers[0]].describe()}, which posts them")
-
-
-def _check_flagged(schedule: Schedule, hb: HappensBefore, key: tuple, writers: list[int], readers: list[int]) -> None:
-    """Flagged residual words (StepShape.flagged_residual) are written once a layer, in stores that each carry
-    the writing layer's flag, and read only by the next layer's flagged tasks, which poll them until they see
-    that flag: such a read needs no barrier edge from its writer (it reads exactly that layer's words, whatever
-    came before). The writers are ordered one after the other through the barriers, as any buffer's, and each
-    read comes before the next write of the words (two layers on, the same parity), which is checked through
-    the barriers as any read is: a task's reads come before its signal. A reader that does not poll (no
-    ``flagged`` field), or polls for a layer that does not write the words, is a race."""
-    tasks = schedule.tasks
-    ordered = sorted(writers, key=lambda i: tasks[i].layer)
-    for a, b in zip(ordered, ordered[1:]):
-        if tasks[a].layer == tasks[b].layer:
-            raise RaceError(f"{key} is written twice in layer {tasks[a].layer}: {tasks[a].describe()} and "
-                            f"{tasks[b].describe()}; flagged words carry the layer, one writer a layer")
-        if not hb.ordered(a, b):
-            _race(schedule, key, b, a)
-    at = {tasks[w].layer: k for k, w in enumerate(ordered)}
-    for r in readers:
-        t = tasks[r]
-        if not t.fields.get("flagged"):
-            raise RaceError(f"{t.describe()} reads {key} without polling its flags")
-        k = at.get(t.layer - 1)
-        if k is None:
-            raise RaceError(f"{t.describe()} polls {key} for layer {t.layer - 1}'s flag, which no task of that layer "
-                            f"writes")
-        if k + 1 < len(ordered) and not hb.ordered(r, ordered[k + 1]):
-            _race(schedule, key, ordered[k + 1], r)
 
 
 EXPERT_ROW_BUFFERS = ("act", "eout")  # rows r * top_k + k, held by whichever slot routes them that layer
@@ -562,16 +526,6 @@ class Numerics:
         # posted routing (StepShape.posted_routing): each layer's posted words as the top-k stores them
         # (abi.pack_route_post), its routed slot count first; the expert tasks decode their slot's
         self.posts: dict[int, list[int]] = {}
-        # flagged residual words (StepShape.flagged_residual): per (buffer, parity) the values its writers stored
-        # beside the plain buffer's and, per element, the writing layer + 1 (0: not written); a flagged task
-        # reads only words its previous layer wrote, as the kernel's polls accept only that layer's flag
-        self.flagged: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        if schedule.shape.flagged_residual:
-            B, H = schedule.shape.batch, self.dims.hidden
-            for name in ("x", "o", "mlp"):
-                for parity in (0, 1):
-                    self.flagged[name, parity] = (torch.full((B, H), float("nan"), dtype=dt, device=dev),
-                                                  torch.zeros((B, H), dtype=torch.int32, device=dev))
 
     # -- the kernel's workspace: every buffer is a flat prefix laid out for this schedule's batch and splits;
     # the route buffer is kept as the expert list it encodes (slot_expert, slot_rows)
@@ -616,39 +570,14 @@ class Numerics:
         getattr(self, task.op.name.lower())(task.layer, **fields)
 
     # -- the residual stream and its norm
-    def _residual(self, layer: int, moe: int = 0, rows: slice = slice(None), flagged: int = 0) -> torch.Tensor:
+    def _residual(self, layer: int, moe: int = 0, rows: slice = slice(None)) -> torch.Tensor:
         """x_l (of ``rows``): the embedding on layer 0, else (x + attn) + mlp of the previous layer, in the
         order vLLM adds (bf16 rounding after each add); ``moe``: that mlp summed here from the expert outputs
-        (a NORM task with the previous layer's MoE combine folded in), not read from the mlp buffer;
-        ``flagged``: all three from the previous layer's flagged words (StepShape.flagged_residual)."""
+        (a NORM task with the previous layer's MoE combine folded in), not read from the mlp buffer."""
         if layer == 0:
             return self.w.embed[self.inp.input_ids.long()][rows]
         pp = (layer - 1) % 2
-        if flagged:
-            return self._polled("x", layer - 1, rows) + self._polled("o", layer - 1, rows) + \
-                self._polled("mlp", layer - 1, rows)
         return self.x[pp, rows] + self.o[pp, rows] + (self._combined(rows) if moe else self.mlp[pp, rows])
-
-    def _post_flagged(self, name: str, layer: int, rows: slice, cols: slice, values: torch.Tensor) -> None:
-        """A writer of x, o or mlp also stores its values as flagged words (StepShape.flagged_residual)."""
-        if self.flagged:
-            words, flags = self.flagged[name, layer % 2]
-            words[rows, cols] = values
-            flags[rows, cols] = layer + 1
-
-    def _polled(self, name: str, layer: int, rows: slice) -> torch.Tensor:
-        """What a flagged task's poll of ``layer``'s flagged ``name`` returns: the words, all of them written by
-        that layer (the kernel's poll waits for exactly its flag; here the writers ran first, as the barriers the
-        task waits on before it writes make them)."""
-        if not self.flagged:
-            raise ValueError(f"a flagged task polls {name} of layer {layer}, but the step has no flagged words")
-        words, flags = self.flagged[name, layer % 2]
-        seen = flags[rows]
-        if not bool((seen == layer + 1).all()):
-            wrong = int(seen[seen != layer + 1][0]) - 1
-            raise ScheduleError(f"a poll of layer {layer}'s flagged {name} found words of layer {wrong} "
-                                f"(-1: never written)")
-        return words[rows]
 
     def _combined(self, rows: slice = slice(None), cols: slice = slice(None)) -> torch.Tensor:
         """The MoE combine of ``rows``: sum_k topk_w[r, k] * eout[r * K + k] in fp32, rounded once; zero for
@@ -668,10 +597,10 @@ class Numerics:
         """A split task's batch rows (QKV_ROPE, O_PROJ): [batch0, batch0 + batch_rows), every row for 0."""
         return slice(batch0, batch0 + batch_rows) if batch_rows else slice(None)
 
-    def _normed(self, layer: int, fold: int, flagged: int = 0) -> torch.Tensor:
+    def _normed(self, layer: int, fold: int) -> torch.Tensor:
         if not fold:
             return self.hn
-        return rms_norm(self._residual(layer, flagged=flagged), self.w.layers[layer].norm, self.dims.eps)
+        return rms_norm(self._residual(layer), self.w.layers[layer].norm, self.dims.eps)
 
     def norm(self, layer: int, row0: int, rows: int, final: int, moe: int, row_warps: int) -> None:
         # the kernel's two forms (csrc NormOp): a warp a row for up to 8 rows, or 8 warps on one row (the only
@@ -690,15 +619,14 @@ class Numerics:
 
     # -- attention
     def qkv_rope(self, layer: int, row0: int, rows: int, norm: int, write_x: int, batch0: int,
-                 batch_rows: int, flagged: int = 0) -> None:
+                 batch_rows: int) -> None:
         dims, d = self.dims, self.dims.head_dim
         if write_x:
-            self.x[layer % 2] = self._residual(layer, flagged=flagged)
-            self._post_flagged("x", layer, slice(None), slice(None), self.x[layer % 2])
+            self.x[layer % 2] = self._residual(layer)
         if batch_rows and norm:
             raise ValueError(f"QKV_ROPE layer {layer}: a batch-row slice with the norm folded in has no kernel form")
         bs_ = self._task_rows(batch0, batch_rows)
-        y = self._normed(layer, norm, flagged)[bs_] @ self.w.layers[layer].qkv[row0:row0 + rows].t()  # [rows of bs_, rows]
+        y = self._normed(layer, norm)[bs_] @ self.w.layers[layer].qkv[row0:row0 + rows].t()  # [rows of bs_, rows]
         n = torch.arange(row0, row0 + rows, device=y.device)
         hq, hkv = dims.num_heads, dims.num_kv_heads
         if dims.rope[layer]:  # interleaved pairs (2i, 2i+1) of each q and k head turn by position * theta^(-2i/D)
@@ -771,7 +699,6 @@ class Numerics:
         c = slice(row0, row0 + rows)
         bs_ = self._task_rows(batch0, batch_rows)
         self.o[layer % 2, bs_, c] = self.attn[bs_] @ self.w.layers[layer].o[c].t()
-        self._post_flagged("o", layer, bs_, c, self.o[layer % 2, bs_, c])
 
     # -- dense prefix MLP
     def dense_upgate(self, layer: int, col0: int, cols: int, norm: int) -> None:
@@ -785,11 +712,10 @@ class Numerics:
     def dense_down(self, layer: int, row0: int, rows: int) -> None:
         c = slice(row0, row0 + rows)
         self.mlp[layer % 2, :, c] = self.dact @ self.w.layers[layer].down[c].t()
-        self._post_flagged("mlp", layer, slice(None), c, self.mlp[layer % 2, :, c])
 
     # -- MoE
-    def router(self, layer: int, row0: int, rows: int, norm: int, write_hn: int, flagged: int = 0) -> None:
-        h = self._normed(layer, norm, flagged)
+    def router(self, layer: int, row0: int, rows: int, norm: int, write_hn: int) -> None:
+        h = self._normed(layer, norm)
         if write_hn:
             self.hn[:] = h
         logits = h @ self.w.layers[layer].router[row0:row0 + rows].t()  # bf16, like vLLM's gate
@@ -866,7 +792,6 @@ class Numerics:
     def moe_combine(self, layer: int, col0: int, cols: int) -> None:
         c = slice(col0, col0 + cols)
         self.mlp[layer % 2, :, c] = self._combined(cols=c)
-        self._post_flagged("mlp", layer, slice(None), c, self.mlp[layer % 2, :, c])
 
 
 def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

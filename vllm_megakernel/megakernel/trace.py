@@ -232,12 +232,10 @@ def _last_writer(by_layer: dict[int, dict[str, list[int]]], written: list[int], 
 
 def layer_phases(schedule: Schedule, records: torch.Tensor, layers) -> LayerPhases:
     """:class:`LayerPhases` over ``layers`` (MoE layers with a router wave, each after a layer that wrote o and
-    mlp). A write is the writer task's compute end: its outputs are stored then, before its fence and signal;
-    with flagged residual words the next layer's tasks read them from there, and without, the boundary holds
-    the hand-over (fence, signal, poll). The chain starts at the router's inputs mark, the run start where a
-    task has no mark: where the norm is folded (batch < 16) its rows normed and staged, which with flagged
-    residual words comes after the router task's start, whose polls wait for its inputs; where the norm runs as
-    a wave the mark follows hn's read, a little after the run start, and the boundary holds the norm wave."""
+    mlp). A write is the writer task's compute end: its outputs are stored then, before its fence and signal; the
+    boundary holds the hand-over (fence, signal, poll). The chain starts at the router's inputs mark, the run start
+    where a task has no mark: where the norm is folded (batch < 16) its rows normed and staged; where the norm runs
+    as a wave the mark follows hn's read, a little after the run start, and the boundary holds the norm wave."""
     rec, f = record_fields(records)
     run, written, inputs = f["run_start_ns"], f["compute_end_ns"].tolist(), f["inputs_ns"]
     by_layer = _ran_by_layer(schedule, rec)
@@ -297,16 +295,13 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
       (its compute end -> end stamp: the hand-over to the signaller warp, the fence, the signal);
     - otherwise its SM: ``queued`` (the SM's previous task's compute end -> this run start: the loop's own work,
       the dependency check that found the inputs done) and on to that previous task;
-    - a flagged task (StepShape.flagged_residual) starts without waiting and polls its inputs: when its last
-      writer's compute end came after the task's run start, ``flagged from <wave>`` (that compute end -> the
-      task's inputs mark) and on to the writer, the task's own time counted from its inputs mark;
     - a routed task under posted routing (its ``load_post``): when the top-k's compute end (its words were
       posted before it) came after both its SM was free and its barriers' last signal, ``posted from <wave>``
       (that compute end -> the run start: the producer's polls) and on to the top-k.
 
-    A flagged task takes no barrier edge (it did not wait on them before it started); a task whose SM had nothing
-    before it and none of whose inputs ran gives the rest of the period as its ``start``. A task's own time is
-    ``inputs`` / ``stages`` / ``finish`` by its marks (:func:`summarize`'s phases; ``run`` where it has none).
+    A task whose SM had nothing before it and none of whose inputs ran gives the rest of the period as its
+    ``start``. A task's own time is ``inputs`` / ``stages`` / ``finish`` by its marks (:func:`summarize`'s phases;
+    ``run`` where it has none).
     The walk only moves back in time (a part ends where the last one began: the top-k posts its words before its
     compute end, so an expert task can start before it), so the parts of a layer sum to its period; they are averaged over the layers (means, so
     that they still sum to the mean period). ``chains``: the path's waves in time order, ``>`` a signal edge,
@@ -319,7 +314,6 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
     ran = ran_tasks(schedule, rec).tolist()
     staged = _staged(f).tolist()
     last = _last_signallers(schedule, ran, end)  # barrier -> its signaller that signalled last
-    wrote = _last_signallers(schedule, ran, done)  # barrier -> its signaller whose body ended last (flagged data)
     previous = {b: a for ix in _sm_run_order(schedule, ran, sm, run0) for a, b in zip(ix, ix[1:])}
 
     def last_write(layer: int) -> int:
@@ -350,15 +344,7 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
             t = schedule.tasks[cur]
             barriers = () if t.waits_only_if_work and not staged[cur] else \
                 t.waits + ((t.load_wait,) if t.op in abi.ROUTED_OPS and t.load_wait != abi.NO_BARRIER else ())
-            # a flagged task does not wait on its barriers before it starts; it reads its writers' words as they
-            # are stored, so the writer whose body ended last is what it waited for, through its inputs mark
-            flagged = bool(t.fields.get("flagged"))
-            if flagged:
-                sig = max((wrote[b] for b in set(barriers) if b in wrote), key=lambda i: done[i], default=None)
-                gated = sig is not None and inputs[cur] > 0 and done[sig] > run0[cur]
-            else:
-                sig = max((last[b] for b in set(barriers) if b in last), key=lambda i: end[i], default=None)
-                gated = False
+            sig = max((last[b] for b in set(barriers) if b in last), key=lambda i: end[i], default=None)
             # posted routing: the producer polls the top-k's posted words after the router wave's barrier
             post = t.load_post if t.op in abi.ROUTED_OPS and t.load_post >= 0 and ran[t.load_post] else None
             prev = previous.get(cur)
@@ -367,21 +353,16 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
             marked = inputs[cur] > 0 and stages[cur] > 0 and (inputs[cur], stages[cur]) != (run0[cur], done[cur])
             own = [("finish", stages[cur]), ("stages", inputs[cur]), ("inputs", run0[cur])] if marked \
                 else [("run", run0[cur])]
-            if gated:  # its inputs phase was the wait for its writer's words
-                own = [("finish", stages[cur]), ("stages", inputs[cur])] if marked else [("run", inputs[cur])]
             for kind, lo in own:
                 if add(t.wave, kind, lo):
                     reached = True
                     break
             if reached:
                 break
-            if gated:
-                reached = add(t.wave, f"flagged from {schedule.tasks[sig].wave}", done[sig])
-                cur, edge = sig, " > "
-            elif post is not None and done[post] > max(ready, end[sig] if sig is not None and not flagged else 0):
+            if post is not None and done[post] > max(ready, end[sig] if sig is not None else 0):
                 reached = add(t.wave, f"posted from {schedule.tasks[post].wave}", done[post])
                 cur, edge = post, " > "
-            elif not flagged and sig is not None and end[sig] > ready:
+            elif sig is not None and end[sig] > ready:
                 reached = add(t.wave, f"hop from {schedule.tasks[sig].wave}", end[sig]) or \
                     add(schedule.tasks[sig].wave, "tail", done[sig])
                 cur, edge = sig, " > "
@@ -681,14 +662,10 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
     task's consumers done), the task was blocked on it: the time from that end to the task's run start is the
     signal's path (the red to L2, the polls, the acquire, the consumers' hand-over; for a routed task also its
     producer's reads of the route words). A producer's other waits (an attention split's new token) are not
-    seen by the consumers' stamps and are left out. A flagged task (StepShape.flagged_residual) starts without
-    waiting and polls its inputs' flagged words: its edge is timed to its inputs stamp (the words in, x_l normed)
-    under the waiter "<wave> (flagged, to inputs)", and is negative where the words beat the signal. Most waits
-    first."""
+    seen by the consumers' stamps and are left out. Most waits first."""
     rec, f = record_fields(records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
-    sm, end, done, run0, inputs = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns",
-                                                             "inputs_ns"))
+    sm, end, done, run0 = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns"))
     ran = ran_tasks(schedule, rec).tolist()
     staged = _staged(f).tolist()  # a task that waits only if it has work and had none marked no stage phase
     last = _last_signals(schedule, ran, end)
@@ -706,11 +683,7 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
                 if not seen:
                     continue
                 at, wave = max(seen)
-                if at <= ready.get(i, 0):  # the SM was still busy at the last signal: not blocked on it
-                    continue
-                if t.fields.get("flagged"):
-                    hops[(wave, f"{t.wave} (flagged, to inputs)")].append((inputs[i] - at) / 1e3)
-                else:
+                if at > ready.get(i, 0):  # the SM was free before the last signal: blocked on it
                     hops[(wave, t.wave)].append((run0[i] - at) / 1e3)
     rows = [Hop(s, w, len(v), _median(v), _p90(v)) for (s, w), v in hops.items()]
     return sorted(rows, key=lambda r: (-r.waits, r.signaller, r.waiter))
@@ -736,8 +709,7 @@ def input_checks(schedule: Schedule, records: torch.Tensor, layers, lead_ns: int
     the wait's start to the run start. A barrier the leader has seen complete before costs no round trip (it is
     cached on the SM); one it has not costs an acquire poll (`ld.acquire.gpu`, one L2 round trip; before session
     AD a relaxed poll and a fence, which waited for the SM's copies in flight). A task that waits only if it has work and had none is left out, and so is one with a
-    waited barrier that no task signalled, and a flagged task (StepShape.flagged_residual: it takes its waits in its
-    body, unstamped). Most checks first."""
+    waited barrier that no task signalled. Most checks first."""
     rec, f = record_fields(records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     end, wait0, run0 = (f[n].tolist() for n in ("end_ns", "wait_start_ns", "run_start_ns"))
@@ -750,8 +722,7 @@ def input_checks(schedule: Schedule, records: torch.Tensor, layers, lead_ns: int
             for i in ix:
                 t = schedule.tasks[i]
                 waits = [b for b in t.waits if b != abi.NO_BARRIER]
-                if not waits or (t.waits_only_if_work and not staged[i]) or any(b not in last for b in waits) \
-                        or t.fields.get("flagged"):
+                if not waits or (t.waits_only_if_work and not staged[i]) or any(b not in last for b in waits):
                     continue
                 if max(last[b][0] for b in waits) <= wait0[i] - lead_ns:
                     checks[t.wave].append((run0[i] - wait0[i]) / 1e3)
