@@ -11,7 +11,8 @@ export PYTHONUNBUFFERED=1
 batches=${1:?batch sizes}; context=${2:-131072}; sides=${3:-stock,megakernel}
 res=$OUT/r; mkdir -p $res
 start=$(date +%s)
-env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $res/install.txt 2>&1; echo "install rc=$?"
+env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $res/install.txt 2>&1; rc=$?; echo "install rc=$rc"
+[ $rc -eq 0 ] || { tail -3 $res/install.txt; echo "no bundle on this machine: stash the six pieces again"; exit 3; }
 export PYTHONPATH=$PWD; source .offline-bundle/env.sh
 timeout $(( 585 - ($(date +%s) - start) )) python -m benchmarks.decode_sweep --model configs/north-mini-code \
   --load-format dummy --sides $sides --batch-sizes $batches --contexts $context --new-tokens 128 --cache-prompts \
