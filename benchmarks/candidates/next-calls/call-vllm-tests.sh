@@ -7,11 +7,7 @@
 set -u
 stage=${1:?vllm or graphs}; limit=${2:-570}; shift 2 || shift $#
 start=$(date +%s)
-env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $OUT/install.txt 2>&1; rc=$?; echo "install rc=$rc"
-# A machine handed back between the stash calls and this one comes back bare: without the pieces the tests
-# would only fail on importing vllm (session AJ lost a call so), so stop and say so.
-[ $rc -eq 0 ] || { tail -3 $OUT/install.txt; echo "no bundle on this machine: stash the six pieces again"; exit 3; }
-export PYTHONPATH=$PWD; source .offline-bundle/env.sh
+source benchmarks/candidates/next-calls/bundle-env.sh $OUT
 export OUT=$OUT/$stage; mkdir -p $OUT
 timeout -k 10 $(( limit - ($(date +%s) - start) )) bash tests/gpu/run_on_gpu_host.sh $stage "$@"
 echo "$stage stage rc=$? ($(( $(date +%s) - start )) s)"
