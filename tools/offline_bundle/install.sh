@@ -29,6 +29,9 @@ elif [[ -n ${1:-} ]]; then
   exit 2
 fi
 if [[ ! -d $root/site/vllm ]]; then
+  # a machine handed back after the stash calls comes back without the pieces: say so, not cat's glob error
+  compgen -G "$parts/bundle.part*" > /dev/null \
+    || { echo "install.sh: no bundle pieces in $parts: run install.sh --stash DIR for each piece first" >&2; exit 3; }
   cat "$parts"/bundle.part* > "$root/site.tar.xz"
   ( cd "$root" && echo "$(cut -d' ' -f1 "$here/bundle.sha256")  site.tar.xz" | sha256sum -c - )
   # build.sh compresses with xz -T0 (several blocks): xz 5.4 and newer decompress those in parallel

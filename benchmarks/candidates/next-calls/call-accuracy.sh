@@ -7,8 +7,7 @@ set -u
 export PYTHONUNBUFFERED=1
 side=${1:?stock or megakernel}; limit=${2:-570}
 res=$OUT/r; mkdir -p $res; start=$(date +%s)
-env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $res/install.txt 2>&1; echo "install rc=$?"
-export PYTHONPATH=$PWD; source .offline-bundle/env.sh
+source benchmarks/candidates/next-calls/bundle-env.sh $res
 [ -f /tmp/nmc-5l/.complete ] || python -m vllm_megakernel.tools.make_checkpoint configs/north-mini-code /tmp/nmc-5l \
   --seed 1 --num-layers 5 > $res/ckpt.log 2>&1
 timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.accuracy --model /tmp/nmc-5l --out $res/accuracy \

@@ -11,8 +11,7 @@ set -u
 export PYTHONUNBUFFERED=1
 side=${1:?stock or megakernel}; len=${2:?input length}; limit=${3:-570}; levels=${4:-1,4,8,32,64}
 res=$OUT/r-$side-$len; mkdir -p $res; start=$(date +%s)
-env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $res/install.txt 2>&1; echo "install rc=$?"
-export PYTHONPATH=$PWD; source .offline-bundle/env.sh
+source benchmarks/candidates/next-calls/bundle-env.sh $res
 timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.serve_load --model configs/north-mini-code \
   --load-format dummy --concurrency $levels --input-len $len --output-len 256 --sides $side \
   --out $res/serve-$len > $res/serve-$side-$len.log 2>&1

@@ -12,8 +12,7 @@ export PYTHONUNBUFFERED=1
 phase=${1:?prefill, decode or decode,prefill}; batch=${2:?batch}; ctx=${3:?context}; steps=${4:?steps}
 limit=${5:-570}; pbatch=${6:-$batch}
 res=$OUT/r; mkdir -p $res; start=$(date +%s)
-env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $res/install.txt 2>&1; echo "install rc=$?"
-export PYTHONPATH=$PWD; source .offline-bundle/env.sh
+source benchmarks/candidates/next-calls/bundle-env.sh $res
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > $res/gpu.txt 2>&1
 name=${phase/,/-}-b$batch-$ctx
 timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.step_profile --model configs/north-mini-code \

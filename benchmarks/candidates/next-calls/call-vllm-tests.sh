@@ -7,8 +7,7 @@
 set -u
 stage=${1:?vllm or graphs}; limit=${2:-570}; shift 2 || shift $#
 start=$(date +%s)
-env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $OUT/install.txt 2>&1; echo "install rc=$?"
-export PYTHONPATH=$PWD; source .offline-bundle/env.sh
+source benchmarks/candidates/next-calls/bundle-env.sh $OUT
 export OUT=$OUT/$stage; mkdir -p $OUT
 timeout -k 10 $(( limit - ($(date +%s) - start) )) bash tests/gpu/run_on_gpu_host.sh $stage "$@"
 echo "$stage stage rc=$? ($(( $(date +%s) - start )) s)"

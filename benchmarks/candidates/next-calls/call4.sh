@@ -11,8 +11,7 @@ export PYTHONUNBUFFERED=1
 batches=${1:?batch sizes}; context=${2:-131072}; sides=${3:-stock,megakernel}
 res=$OUT/r; mkdir -p $res
 start=$(date +%s)
-env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > $res/install.txt 2>&1; echo "install rc=$?"
-export PYTHONPATH=$PWD; source .offline-bundle/env.sh
+source benchmarks/candidates/next-calls/bundle-env.sh $res
 timeout $(( 585 - ($(date +%s) - start) )) python -m benchmarks.decode_sweep --model configs/north-mini-code \
   --load-format dummy --sides $sides --batch-sizes $batches --contexts $context --new-tokens 128 --cache-prompts \
   --out $res/sweep > $res/sweep.log 2>&1
