@@ -48,7 +48,7 @@ case $stage in
   kernel)
     pt memcheck tests/gpu/test_sanitizer.py -k memcheck "$@" & m=$!
     pt racecheck tests/gpu/test_sanitizer.py -k racecheck "$@" & r=$!
-    pt kernel tests/gpu/test_extension_on_gpu.py tests/gpu/test_megakernel_step.py tests/gpu/test_each_opcode.py "$@" || rc=1
+    pt kernel tests/gpu/test_extension_on_gpu.py tests/gpu/test_benchmark_tools_on_gpu.py tests/gpu/test_megakernel_step.py tests/gpu/test_each_opcode.py "$@" || rc=1
     wait $m || rc=1; wait $r || rc=1 ;;
   vllm)
     pt equivalence tests/gpu/test_stock_equivalence.py "$@" || rc=1

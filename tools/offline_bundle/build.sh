@@ -42,7 +42,7 @@ mkdir -p "$work/site/_vllm_megakernel_src"
 git -C "$repo" archive HEAD | tar -x -C "$work/site/_vllm_megakernel_src"
 
 echo "== compress and split"
-PIECE_MIB=31  # read by tests/cpu/test_offline_bundle.py
+PIECE_MIB=27  # read by tests/cpu/test_offline_bundle.py
 rm -rf "$out"/p[0-9]*
 tar -C "$work" -cf - site | xz -T0 -6 > "$work/site.tar.xz"
 ( cd "$work" && sha256sum site.tar.xz > "$out/bundle.sha256" )

@@ -5,5 +5,5 @@
 # call so).
 env -u PYTHONPATH bash .offline-bundle/install.sh --no-project . > "$1/install.txt" 2>&1
 bundle_rc=$?; echo "install rc=$bundle_rc"
-[ $bundle_rc -eq 0 ] || { tail -3 "$1/install.txt"; echo "no bundle on this machine: stash the six pieces again"; exit 3; }
+[ $bundle_rc -eq 0 ] || { tail -3 "$1/install.txt"; echo "no bundle on this machine: stash every piece again"; exit 3; }
 export PYTHONPATH=$PWD; source .offline-bundle/env.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next session, issue #12 item 4 (after the six stash calls on the same machine; carry vllm_megakernel/_C*.so,
+# Next session, issue #12 item 4 (after the stash calls (one per bundle piece) on the same machine; carry vllm_megakernel/_C*.so,
 # .offline-bundle/install.sh, env.sh, bundle.sha256): `benchmarks.serve_load`, one side per call on a 1-GPU
 # machine (or both sides at once on nvidia-h200-x2 with CUDA_VISIBLE_DEVICES 0 / 1 and ports 8199 / 8200), its
 # warm-up wave, concurrency 1, 4, 8, 32, 64, prompts of INPUT_LEN tokens:

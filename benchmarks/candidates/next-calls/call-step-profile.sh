@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Next session (after the six stash calls on the same machine; carry vllm_megakernel/_C*.so,
+# Next session (after the stash calls (one per bundle piece) on the same machine; carry vllm_megakernel/_C*.so,
 # .offline-bundle/install.sh, env.sh, bundle.sha256): `benchmarks.step_profile`, both sides in one call, each in
 # its own engine (its start-up is recorded too):
 #   bash call-step-profile.sh prefill 1 1024 8     # the megakernel side's doubled TTFT (session X call 4)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# After the six stash calls on the same machine (carry vllm_megakernel/_C*.so built from main and
+# After the stash calls (one per bundle piece) on the same machine (carry vllm_megakernel/_C*.so built from main and
 # .offline-bundle/install.sh, env.sh, bundle.sha256): one stage of the GPU tests that run inside vLLM on the
 # current kernel, `bash call-vllm-tests.sh STAGE [SECONDS] [pytest args]` with STAGE vllm (switch-off
 # equivalence, step by step against stock vLLM, 128K included) or graphs (256 greedy tokens through both

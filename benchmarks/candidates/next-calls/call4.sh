@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A later session, device call 4 (after the six stash calls on the same machine; carry main's extension,
+# A later session, device call 4 (after the stash calls (one per bundle piece) on the same machine; carry main's extension,
 # .offline-bundle/install.sh, env.sh, bundle.sha256): issue #12's missing long-context points, `decode_sweep` at the
 # batch sizes given first and one context: `bash call4.sh BATCHES [CONTEXT] [SIDES]` (default 131072, both sides in
 # one run; each case prefills its prompts once for the warm-up). Session AC's `call4.sh 8,16 131072` ran out of its

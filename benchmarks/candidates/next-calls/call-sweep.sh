@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# After the stash calls (one per bundle piece) on the same machine (carry vllm_megakernel/_C*.so built from main and
+# .offline-bundle/install.sh, env.sh, bundle.sha256): issue #12's sweep inside vLLM, both sides in one run with
+# vLLM's defaults (torch.compile, FULL_AND_PIECEWISE), dummy weights, prompts prefix-cached by the warm-up.
+# Session AK ran it once (1,8 8192 405): both engines refused to start, the sweep's own process holding its 8 GB
+# bandwidth buffers (fixed in sol.measure_bandwidth since); h100-2026-12-05-session-ak.
+# `bash call-sweep.sh [BATCHES] [CONTEXTS] [SECONDS]` (default 1,8 / 8192 / 480). Results in $OUT/r.
+set -u
+export PYTHONUNBUFFERED=1
+batches=${1:-1,8}; contexts=${2:-8192}; limit=${3:-480}
+res=$OUT/r; mkdir -p $res; start=$(date +%s)
+source benchmarks/candidates/next-calls/bundle-env.sh $res
+python3 -c "from vllm_megakernel import _C; print(_C.build_info())" | tee $res/build-info.txt
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
+timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.decode_sweep --model configs/north-mini-code \
+  --load-format dummy --batch-sizes $batches --contexts $contexts --new-tokens 256 --cache-prompts \
+  --out $res/sweep > $res/sweep.log 2>&1
+echo "sweep rc=$? ($(( $(date +%s) - start )) s)"; cat $res/sweep/table.md 2>/dev/null || tail -8 $res/sweep.log
