@@ -117,9 +117,9 @@ def measure_bandwidth(nbytes: int = 8 << 30, iters: int = 10) -> float:
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
     times = sorted(cuda_times(lambda: dst.copy_(src), iters))
-    # The decode sweep measures first and then start vLLM engines in other processes,
-    # which refuse to start when free memory is under their utilization: on an 80 GB H100 the 8 GB kept in this
-    # process's cache left 70.15 of 79.18 GiB free against 0.9's 71.26 (session AK). Hand it back.
+    # The decode sweep measures this first and then starts vLLM engines in other processes, which refuse to
+    # start when free memory is under their utilization: on an 80 GB H100 the 8 GB kept in this process's cache
+    # left 70.15 of 79.18 GiB free against 0.9's 71.26 GiB (session AK). Hand it back.
     del src, dst
     torch.cuda.empty_cache()
     return 2 * n / times[len(times) // 2]

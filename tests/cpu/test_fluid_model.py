@@ -131,7 +131,7 @@ def test_under_posted_routing_the_experts_wait_for_the_top_k_selection(dims):
 @pytest.mark.parametrize("shape", [dict(), dict(posted_routing=True), dict(local_routing=True)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_critical_path_of_any_fluid_run_sums_to_the_period(dims, shape, seed):
-    """Random per-wave costs, bytes and model parameters, in four schedule shapes: trace.critical_path's parts of
+    """Random per-wave costs, bytes and model parameters, in three schedule shapes: trace.critical_path's parts of
     the model's run (its records with the waves' tails) always sum to the period, and the path is one per layer."""
     import random
 
