@@ -81,7 +81,27 @@ def markdown(summary: dict) -> str:
                          f"{peak} | {s.get('kv_cache_tokens')} |")
     notes = [f"- {side}: " + "; ".join(x for x in (s.get("decision"), s.get("error")) if x)
              for side, s in summary["sides"].items()]
-    return "\n".join(lines + [""] + notes) + "\n"
+    return "\n".join(lines + [""] + notes + comparison(summary)) + "\n"
+
+
+def comparison(summary: dict) -> list[str]:
+    """The megakernel against stock at each concurrency both sides measured (issue #12 reads TPOT and output tok/s
+    as ratios); nothing when a side is missing."""
+    sides = summary["sides"]
+    if not {"stock", "megakernel"} <= set(sides):
+        return []
+    by_level = {side: {row["concurrency"]: row for row in sides[side].get("rows", [])} for side in sides}
+    levels = sorted(set(by_level["stock"]) & set(by_level["megakernel"]))
+    if not levels:
+        return []
+    lines = ["", "| concurrency | output tok/s stock / megakernel | ratio | median TPOT ms stock / megakernel | "
+             "TPOT ratio |", "|---|---|---|---|---|"]
+    for c in levels:
+        st, mk = by_level["stock"][c], by_level["megakernel"][c]
+        lines.append(f"| {c} | {st['output_tok_s']:.0f} / {mk['output_tok_s']:.0f} | "
+                     f"{mk['output_tok_s'] / st['output_tok_s']:.2f}x | {st['median_tpot_ms']:.2f} / "
+                     f"{mk['median_tpot_ms']:.2f} | {mk['median_tpot_ms'] / st['median_tpot_ms']:.2f}x |")
+    return lines
 
 
 class ServerError(RuntimeError):
@@ -284,7 +304,16 @@ def summary_of(out: Path) -> dict:
     an old file left in out) are refused rather than tabled side by side."""
     sides = {side: json.loads((out / f"side-{side}.json").read_text())
              for side in ("stock", "megakernel") if (out / f"side-{side}.json").exists()}
-    check_same_settings({side: s.get("settings") for side, s in sides.items()}, f"the sides in {out}")
+    # A level's figures depend on the levels run before it on the same server (its prefix cache, its warm code),
+    # not on those after it. So one side may have run fewer levels (a call given less time) as long as its list is
+    # the start of the other's; each row names its concurrency and the comparison takes the levels both have.
+    settings = {side: s.get("settings") for side, s in sides.items()}
+    check_same_settings({side: None if st is None else {k: v for k, v in st.items() if k != "concurrency"}
+                         for side, st in settings.items()}, f"the sides in {out}")
+    levels = sorted((list(st.get("concurrency") or []) for st in settings.values() if st), key=len)
+    if len(levels) == 2 and levels[1][:len(levels[0])] != levels[0]:
+        raise ValueError(f"the sides in {out} used different settings: concurrency {levels[0]} is not the start "
+                         f"of {levels[1]}")
     return {"sides": sides}
 
 
