@@ -3,8 +3,10 @@
 # .offline-bundle/install.sh, env.sh, bundle.sha256): issue #12's sweep inside vLLM, both sides in one run with
 # vLLM's defaults (torch.compile, FULL_AND_PIECEWISE), dummy weights, prompts prefix-cached by the warm-up.
 # Session AK ran it once (1,8 8192 405): both engines refused to start, the sweep's own process holding its 8 GB
-# bandwidth buffers (fixed in sol.measure_bandwidth since); h100-2026-12-05-session-ak.
-# `bash call-sweep.sh [BATCHES] [CONTEXTS] [SECONDS]` (default 1,8 / 8192 / 480). Results in $OUT/r.
+# bandwidth buffers (fixed in sol.measure_bandwidth since); h100-2026-12-05-session-ak. Session AL ran
+# `1,2,4,8 8192 560` (366 s); the device tool brings back at most 8 files, so it lost three of them: the results now
+# come back as one archive. `bash call-sweep.sh [BATCHES] [CONTEXTS] [SECONDS]` (default 1,8 / 8192 / 480).
+# Results in $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1
 batches=${1:-1,8}; contexts=${2:-8192}; limit=${3:-480}
@@ -16,3 +18,4 @@ timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.decode_sweep -
   --load-format dummy --batch-sizes $batches --contexts $contexts --new-tokens 256 --cache-prompts \
   --out $res/sweep > $res/sweep.log 2>&1
 echo "sweep rc=$? ($(( $(date +%s) - start )) s)"; cat $res/sweep/table.md 2>/dev/null || tail -8 $res/sweep.log
+cd $OUT && tar czf r.tgz r && rm -rf r
