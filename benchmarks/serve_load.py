@@ -79,9 +79,17 @@ def markdown(summary: dict) -> str:
             lines.append(f"| {side} | {row['concurrency']} | {row['completed']} / {row['failed']} | "
                          f"{row['output_tok_s']:.0f} | {row['median_tpot_ms']:.2f} | {row['median_ttft_ms']:.1f} | "
                          f"{peak} | {s.get('kv_cache_tokens')} |")
-    notes = [f"- {side}: " + "; ".join(x for x in (s.get("decision"), s.get("error")) if x)
+    notes = [f"- {side}: " + "; ".join(x for x in (server_size(s), s.get("decision"), s.get("error")) if x)
              for side, s in summary["sides"].items()]
     return "\n".join(lines + [""] + notes + comparison(summary)) + "\n"
+
+
+def server_size(side: dict) -> str | None:
+    """The server's --max-num-seqs, which run_side sets to the side's largest level: a side given fewer levels ran a
+    server of a smaller size (its CUDA-graph sizes and KV cache can differ), so the table says so beside the KV cache
+    tokens rather than hiding it."""
+    levels = (side.get("settings") or {}).get("concurrency")
+    return f"max_num_seqs {max(levels)}" if levels else None
 
 
 def comparison(summary: dict) -> list[str]:
@@ -306,7 +314,8 @@ def summary_of(out: Path) -> dict:
              for side in ("stock", "megakernel") if (out / f"side-{side}.json").exists()}
     # A level's figures depend on the levels run before it on the same server (its prefix cache, its warm code),
     # not on those after it. So one side may have run fewer levels (a call given less time) as long as its list is
-    # the start of the other's; each row names its concurrency and the comparison takes the levels both have.
+    # the start of the other's; each row names its concurrency and the comparison takes the levels both have. Its
+    # server then had a smaller --max-num-seqs, which the table's notes give (server_size).
     settings = {side: s.get("settings") for side, s in sides.items()}
     check_same_settings({side: None if st is None else {k: v for k, v in st.items() if k != "concurrency"}
                          for side, st in settings.items()}, f"the sides in {out}")

@@ -601,7 +601,8 @@ def test_serving_sides_run_apart_are_reported_together(tmp_path):
     table = serve_load.markdown(summary)
     assert "| stock | 1 | 8 / 0 | 165 | 4.75 | 122.6 | - | 2000 |" in table
     assert "| megakernel | 1 | 8 / 0 | 165 | 4.75 | 122.6 | 130.0 | 1000 |" in table
-    assert "- megakernel: runs on the megakernel; vllm bench serve failed (exit 1) at concurrency 8" in table
+    assert "- megakernel: max_num_seqs 8; runs on the megakernel; vllm bench serve failed (exit 1) at concurrency 8" \
+        in table
     # a side left in --out by a run with other settings is refused, not tabled next to this one
     (tmp_path / "side-stock.json").write_text(json.dumps(
         {"settings": {**settings, "output_len": 512}, "rows": [row], "peak_gpu_gib": None, "kv_cache_tokens": 2000}))
@@ -632,6 +633,7 @@ def test_serving_sides_with_fewer_levels_are_compared_where_both_ran(tmp_path):
     (tmp_path / "side-megakernel.json").write_text(json.dumps(
         {"settings": settings([1, 4]), "rows": [row(1, 270.0, 3.08), row(4, 430.0, 7.0)]}))
     table = serve_load.markdown(serve_load.summary_of(tmp_path))
+    assert "- stock: max_num_seqs 64" in table and "- megakernel: max_num_seqs 4" in table  # the servers' sizes
     assert "| 1 | 160 / 270 | 1.69x | 5.60 / 3.08 | 0.55x |" in table
     assert "| 4 | 330 / 430 | 1.30x | 10.00 / 7.00 | 0.70x |" in table
     # a level run after different levels on the two servers is not compared (its prefix cache and warm code differ)

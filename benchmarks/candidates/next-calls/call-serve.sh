@@ -12,10 +12,15 @@ export PYTHONUNBUFFERED=1
 side=${1:?stock or megakernel}; len=${2:?input length}; limit=${3:-570}; levels=${4:-1,4,8,32,64}
 res=$OUT/r-$side-$len; mkdir -p $res; start=$(date +%s)
 source benchmarks/candidates/next-calls/bundle-env.sh $res
+# the GPU's clocks, power and temperature every 5 s through the run (session AL's megakernel server, run last,
+# decoded 1-4% slower than its sweep and no clock was recorded: PERF_LOG #174)
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+  --format=csv -l 5 > $res/gpu-clocks.csv 2>&1 & clocks=$!
 timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.serve_load --model configs/north-mini-code \
   --load-format dummy --concurrency $levels --input-len $len --output-len 256 --sides $side \
   --out $res/serve-$len > $res/serve-$side-$len.log 2>&1
 echo "serve_load $side $len rc=$? ($(( $(date +%s) - start )) s)"; tail -12 $res/serve-$side-$len.log
+kill $clocks 2>/dev/null
 # serve_load stops its server on the time limit's SIGTERM since session AA; a server that still runs would
 # answer the next call's /health in place of that call's own server (session AA's calls 2-4 measured one)
 # (only a server on this run's port: serve_load's default, 8199)
