@@ -84,17 +84,25 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines + [""] + notes + comparison(summary)) + "\n"
 
 
+def server_seqs(settings: dict | None) -> int | None:
+    """The server's --max-num-seqs: as recorded, or (side files from before it was) the largest level, which
+    run_side used then."""
+    settings = settings or {}
+    levels = settings.get("concurrency")
+    return settings.get("max_num_seqs") or (max(levels) if levels else None)
+
+
 def server_size(side: dict) -> str | None:
-    """The server's --max-num-seqs, which run_side sets to the side's largest level: a side given fewer levels ran a
-    server of a smaller size (its CUDA-graph sizes and KV cache can differ), so the table says so beside the KV cache
-    tokens rather than hiding it."""
-    levels = (side.get("settings") or {}).get("concurrency")
-    return f"max_num_seqs {max(levels)}" if levels else None
+    """The server's size for the table's notes, beside its KV cache tokens: --max-num-seqs sets its CUDA-graph
+    capture sizes, and so its KV cache too."""
+    seqs = server_seqs(side.get("settings"))
+    return None if seqs is None else f"max_num_seqs {seqs}"
 
 
 def comparison(summary: dict) -> list[str]:
     """The megakernel against stock at each concurrency both sides measured (issue #12 reads TPOT and output tok/s
-    as ratios); nothing when a side is missing."""
+    as ratios); nothing when a side is missing. A level where either side had failed requests or no figure gets
+    no ratio, and servers of different sizes are said to be so under the table."""
     sides = summary["sides"]
     if not {"stock", "megakernel"} <= set(sides):
         return []
@@ -102,13 +110,22 @@ def comparison(summary: dict) -> list[str]:
     levels = sorted(set(by_level["stock"]) & set(by_level["megakernel"]))
     if not levels:
         return []
+
+    def ratio(mk: float, st: float, ok: bool) -> str:
+        return f"{mk / st:.2f}x" if ok and st > 0 and mk > 0 else "-"
+
     lines = ["", "| concurrency | output tok/s stock / megakernel | ratio | median TPOT ms stock / megakernel | "
              "TPOT ratio |", "|---|---|---|---|---|"]
     for c in levels:
         st, mk = by_level["stock"][c], by_level["megakernel"][c]
+        ok = st["failed"] == 0 and mk["failed"] == 0
         lines.append(f"| {c} | {st['output_tok_s']:.0f} / {mk['output_tok_s']:.0f} | "
-                     f"{mk['output_tok_s'] / st['output_tok_s']:.2f}x | {st['median_tpot_ms']:.2f} / "
-                     f"{mk['median_tpot_ms']:.2f} | {mk['median_tpot_ms'] / st['median_tpot_ms']:.2f}x |")
+                     f"{ratio(mk['output_tok_s'], st['output_tok_s'], ok)} | {st['median_tpot_ms']:.2f} / "
+                     f"{mk['median_tpot_ms']:.2f} | {ratio(mk['median_tpot_ms'], st['median_tpot_ms'], ok)} |")
+    seqs = {side: server_seqs(sides[side].get("settings")) for side in ("stock", "megakernel")}
+    if seqs["stock"] != seqs["megakernel"]:
+        lines += ["", f"The servers differ in size: max_num_seqs {seqs['stock']} (stock) and {seqs['megakernel']} "
+                      "(megakernel), so their CUDA-graph capture sizes and KV caches differ too."]
     return lines
 
 
@@ -258,7 +275,7 @@ def run_side(side: str, args, out_dir: Path, save=lambda partial: None) -> dict:
     log_path = out_dir / f"server-{side}.log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", args.model, "--served-model-name", "nmc",
            "--host", "127.0.0.1", "--port", str(args.port), "--load-format", args.load_format,
-           "--additional-config", json.dumps(SIDE_CONFIG[side]), "--max-num-seqs", str(max(args.concurrency)),
+           "--additional-config", json.dumps(SIDE_CONFIG[side]), "--max-num-seqs", str(max_num_seqs_of(args)),
            "--no-enable-prefix-caching"]
     wait_until_released()  # the previous side's server may still be letting go of its memory
     sampler = GpuMemorySampler()
@@ -303,8 +320,17 @@ SETTINGS = ("model", "load_format", "concurrency", "input_len", "output_len", "p
 
 def settings_of(args) -> dict:
     """What must be equal for two sides' numbers to be comparable (a side measured before the warm-up wave
-    existed has no warmup_wave, so it is not tabled next to one measured after)."""
-    return {**{k: getattr(args, k) for k in SETTINGS}, "warmup_wave": True}
+    existed has no warmup_wave, so it is not tabled next to one measured after), and the server's size."""
+    return {**{k: getattr(args, k) for k in SETTINGS}, "warmup_wave": True, "max_num_seqs": max_num_seqs_of(args)}
+
+
+def max_num_seqs_of(args) -> int:
+    """--max-num-seqs as given, else the largest level. Give it when the sides run apart with different levels
+    (one call given less time), so that both servers have one size."""
+    seqs = getattr(args, "max_num_seqs", None) or max(args.concurrency)
+    if seqs < max(args.concurrency):
+        raise ValueError(f"--max-num-seqs {seqs} is below the largest concurrency {max(args.concurrency)}")
+    return seqs
 
 
 def summary_of(out: Path) -> dict:
@@ -312,17 +338,19 @@ def summary_of(out: Path) -> dict:
     an old file left in out) are refused rather than tabled side by side."""
     sides = {side: json.loads((out / f"side-{side}.json").read_text())
              for side in ("stock", "megakernel") if (out / f"side-{side}.json").exists()}
-    # A level's figures depend on the levels run before it on the same server (its prefix cache, its warm code),
-    # not on those after it. So one side may have run fewer levels (a call given less time) as long as its list is
-    # the start of the other's; each row names its concurrency and the comparison takes the levels both have. Its
-    # server then had a smaller --max-num-seqs, which the table's notes give (server_size).
+    # A level's figures depend on the levels run before it on the same server (its warm code: Triton compiles, the
+    # allocator's state), not on those after it. So one side may have run fewer levels (a call given less time) as
+    # long as its list is the start of the other's; each row names its concurrency and the comparison takes the
+    # levels both have. The servers' sizes (max_num_seqs) may differ then; the comparison says so.
     settings = {side: s.get("settings") for side, s in sides.items()}
-    check_same_settings({side: None if st is None else {k: v for k, v in st.items() if k != "concurrency"}
+    loose = ("concurrency", "max_num_seqs")
+    check_same_settings({side: None if st is None else {k: v for k, v in st.items() if k not in loose}
                          for side, st in settings.items()}, f"the sides in {out}")
-    levels = sorted((list(st.get("concurrency") or []) for st in settings.values() if st), key=len)
-    if len(levels) == 2 and levels[1][:len(levels[0])] != levels[0]:
-        raise ValueError(f"the sides in {out} used different settings: concurrency {levels[0]} is not the start "
-                         f"of {levels[1]}")
+    if len(sides) == 2 and all(st is not None for st in settings.values()):
+        levels = sorted((list(st.get("concurrency") or []) for st in settings.values()), key=len)
+        if not levels[0] or levels[1][:len(levels[0])] != levels[0]:
+            raise ValueError(f"the sides in {out} used different settings: concurrency {levels[0]} is not the "
+                             f"start of {levels[1]}")
     return {"sides": sides}
 
 
@@ -334,12 +362,20 @@ def main(argv=None) -> None:
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--prompts-per-concurrency", type=int, default=4)
+    ap.add_argument("--max-num-seqs", type=int, default=None,
+                    help="the servers' --max-num-seqs (default: the largest concurrency); give the same on both "
+                         "sides when they run apart with different levels")
     ap.add_argument("--sides", default="stock,megakernel")
     ap.add_argument("--port", type=int, default=8199)
     ap.add_argument("--startup-timeout", type=int, default=900)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-serve"))
     args = ap.parse_args(argv)
     sides = parse_sides(ap, args.sides)
+    if sides:
+        try:
+            max_num_seqs_of(args)
+        except ValueError as e:
+            ap.error(str(e))
     command = " ".join([sys.executable, "-m", "benchmarks.serve_load"] + (argv or sys.argv[1:]))
     replaced = exit_cleanly_on_signals()
     try:

@@ -620,30 +620,58 @@ def test_serving_sides_run_apart_are_reported_together(tmp_path):
 def test_serving_sides_with_fewer_levels_are_compared_where_both_ran(tmp_path):
     from benchmarks import serve_load
 
-    def row(c, tok_s, tpot):
-        return {"concurrency": c, "completed": 4 * c, "failed": 0, "output_tok_s": tok_s, "median_tpot_ms": tpot,
+    def row(c, tok_s, tpot, failed=0):
+        return {"concurrency": c, "completed": 4 * c, "failed": failed, "output_tok_s": tok_s, "median_tpot_ms": tpot,
                 "median_ttft_ms": 100.0, "p99_tpot_ms": tpot}
 
-    def settings(levels):
+    def settings(levels, max_num_seqs=None):
         return serve_load.settings_of(argparse.Namespace(model="m", load_format="dummy", concurrency=levels,
-                                                         input_len=8192, output_len=256, prompts_per_concurrency=4))
+                                                         input_len=8192, output_len=256, prompts_per_concurrency=4,
+                                                         max_num_seqs=max_num_seqs))
 
-    (tmp_path / "side-stock.json").write_text(json.dumps(
-        {"settings": settings([1, 4, 64]), "rows": [row(1, 160.0, 5.6), row(4, 330.0, 10.0)]}))
-    (tmp_path / "side-megakernel.json").write_text(json.dumps(
-        {"settings": settings([1, 4]), "rows": [row(1, 270.0, 3.08), row(4, 430.0, 7.0)]}))
+    def write(stock, megakernel):
+        for side, (st, rows) in (("stock", stock), ("megakernel", megakernel)):
+            (tmp_path / f"side-{side}.json").write_text(json.dumps({"settings": st, "rows": rows}))
+
+    # stock ran one level more (its call had more time): compared at the levels both ran, and no further
+    write((settings([1, 4, 64]), [row(1, 160.0, 5.6), row(4, 330.0, 10.0), row(64, 2000.0, 30.0)]),
+          (settings([1, 4]), [row(1, 270.0, 3.08), row(4, 430.0, 7.0)]))
     table = serve_load.markdown(serve_load.summary_of(tmp_path))
-    assert "- stock: max_num_seqs 64" in table and "- megakernel: max_num_seqs 4" in table  # the servers' sizes
-    assert "| 1 | 160 / 270 | 1.69x | 5.60 / 3.08 | 0.55x |" in table
-    assert "| 4 | 330 / 430 | 1.30x | 10.00 / 7.00 | 0.70x |" in table
-    # a level run after different levels on the two servers is not compared (its prefix cache and warm code differ)
-    (tmp_path / "side-megakernel.json").write_text(json.dumps(
-        {"settings": settings([4, 1]), "rows": [row(4, 430.0, 7.0), row(1, 270.0, 3.08)]}))
-    with pytest.raises(ValueError, match="is not the start"):
-        serve_load.summary_of(tmp_path)
+    comparison = table[table.index("| concurrency | output tok/s stock / megakernel"):]
+    assert "| 1 | 160 / 270 | 1.69x | 5.60 / 3.08 | 0.55x |" in comparison
+    assert "| 4 | 330 / 430 | 1.30x | 10.00 / 7.00 | 0.70x |" in comparison
+    assert "| 64 |" not in comparison
+    # the servers' sizes followed their largest levels: said under the comparison, and in each side's note
+    assert "- stock: max_num_seqs 64" in table and "- megakernel: max_num_seqs 4" in table
+    assert "The servers differ in size: max_num_seqs 64 (stock) and 4 (megakernel)" in comparison
+    # given one size on both sides, nothing to say
+    write((settings([1, 4, 64], 64), [row(1, 160.0, 5.6)]), (settings([1, 4], 64), [row(1, 270.0, 3.08)]))
+    assert "differ in size" not in serve_load.markdown(serve_load.summary_of(tmp_path))
+    # a level with failed requests, or no throughput, gets no ratio
+    write((settings([1, 4]), [row(1, 0.0, 0.0), row(4, 330.0, 10.0)]),
+          (settings([1, 4]), [row(1, 270.0, 3.08), row(4, 430.0, 7.0, failed=2)]))
+    table = serve_load.markdown(serve_load.summary_of(tmp_path))
+    assert "| 1 | 0 / 270 | - | 0.00 / 3.08 | - |" in table and "| 4 | 330 / 430 | - | 10.00 / 7.00 | - |" in table
+    # levels run in another order, lists of one length that differ, and a side without levels are refused: a
+    # level run after other levels on one server is not the same measurement
+    for stock_levels, mk_levels in (([1, 4], [4, 1]), ([1, 4], [1, 8]), ([1, 4], [])):
+        write((settings([1, 4]), [row(1, 160.0, 5.6)]),
+              ({**settings([1]), "concurrency": mk_levels}, [row(1, 270.0, 3.08)]))
+        with pytest.raises(ValueError, match="is not the start"):
+            serve_load.summary_of(tmp_path)
     # one side alone gets its rows and no comparison
     (tmp_path / "side-megakernel.json").unlink()
     assert "TPOT ratio" not in serve_load.markdown(serve_load.summary_of(tmp_path))
+
+
+def test_serving_refuses_a_server_smaller_than_its_largest_level():
+    from benchmarks import serve_load
+
+    args = argparse.Namespace(concurrency=[1, 8], max_num_seqs=4)
+    with pytest.raises(ValueError, match="below the largest concurrency 8"):
+        serve_load.max_num_seqs_of(args)
+    assert serve_load.max_num_seqs_of(argparse.Namespace(concurrency=[1, 8], max_num_seqs=None)) == 8
+    assert serve_load.max_num_seqs_of(argparse.Namespace(concurrency=[1, 8], max_num_seqs=64)) == 64
 
 
 class _NoSampler:  # no nvidia-smi here (and subprocess.run is the bench stand-in in the tests below)
@@ -944,11 +972,14 @@ def test_the_committed_stock_grid_is_its_parts_merged_with_unfitting_cases_marke
     assert unfit == [(64, 32768)]
 
 
-SERVED = sorted((REPO / "benchmarks" / "results").glob("*/serve.json"))
+# A results folder's serve.json, or its serve-LENGTH/ folder's where the sides were joined there (session AL); the
+# per-call folders deeper down hold one side each as serve_load wrote them then, and are not re-derived here.
+SERVED = sorted([*(REPO / "benchmarks" / "results").glob("*/serve.json"),
+                 *(REPO / "benchmarks" / "results").glob("*/serve-*/serve.json")])
 ACCURACY = sorted((REPO / "benchmarks" / "results").glob("**/accuracy.json"))
 
 
-@pytest.mark.parametrize("serve", SERVED, ids=[p.parent.name for p in SERVED])
+@pytest.mark.parametrize("serve", SERVED, ids=[str(p.parent.relative_to(REPO / "benchmarks" / "results")) for p in SERVED])
 def test_committed_serving_results_are_what_their_side_files_give(serve):
     """A committed serve.json and serve.md are the summary serve_load makes of the folder's side files."""
     from benchmarks import serve_load

@@ -11,13 +11,16 @@ set -u
 export PYTHONUNBUFFERED=1
 side=${1:?stock or megakernel}; len=${2:?input length}; limit=${3:-570}; levels=${4:-1,4,8,32,64}
 res=$OUT/r-$side-$len; mkdir -p $res; start=$(date +%s)
+# one server size whatever the levels, so that sides run in separate calls with different levels compare (session AL's
+# stock server had 64 and its megakernel server 32, serve_load having taken its largest level)
+seqs=$(echo $levels | tr , '\n' | sort -n | tail -1); [ $seqs -lt 64 ] && seqs=64
 source benchmarks/candidates/next-calls/bundle-env.sh $res
 # the GPU's clocks, power and temperature every 5 s through the run (session AL's megakernel server, run last,
 # decoded 1-4% slower than its sweep and no clock was recorded: PERF_LOG #174)
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+nvidia-smi --query-gpu=index,timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
   --format=csv -l 5 > $res/gpu-clocks.csv 2>&1 & clocks=$!
 timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.serve_load --model configs/north-mini-code \
-  --load-format dummy --concurrency $levels --input-len $len --output-len 256 --sides $side \
+  --load-format dummy --concurrency $levels --input-len $len --output-len 256 --sides $side --max-num-seqs $seqs \
   --out $res/serve-$len > $res/serve-$side-$len.log 2>&1
 echo "serve_load $side $len rc=$? ($(( $(date +%s) - start )) s)"; tail -12 $res/serve-$side-$len.log
 kill $clocks 2>/dev/null

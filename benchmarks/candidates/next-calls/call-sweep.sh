@@ -14,7 +14,7 @@ res=$OUT/r; mkdir -p $res; start=$(date +%s)
 source benchmarks/candidates/next-calls/bundle-env.sh $res
 python3 -c "from vllm_megakernel import _C; print(_C.build_info())" | tee $res/build-info.txt
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -l 5 \
+nvidia-smi --query-gpu=index,timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -l 5 \
   > $res/gpu-clocks.csv 2>&1 & clocks=$!  # to compare with the servers' (PERF_LOG #174)
 timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.decode_sweep --model configs/north-mini-code \
   --load-format dummy --batch-sizes $batches --contexts $contexts --new-tokens 256 --cache-prompts \
@@ -22,3 +22,4 @@ timeout $(( limit - ($(date +%s) - start) )) python -m benchmarks.decode_sweep -
 rc=$?; kill $clocks 2>/dev/null
 echo "sweep rc=$rc ($(( $(date +%s) - start )) s)"; cat $res/sweep/table.md 2>/dev/null || tail -8 $res/sweep.log
 cd $OUT && tar czf r.tgz r && rm -rf r
+exit $rc
