@@ -18,14 +18,9 @@ scale = fluid.bandwidth_scale_for(prof)
 row = next(r for r in prof["results"] if r["batch"] == B and r.get("schedule", "default") == "default")
 costs = fluid.costs_from_profile(row)
 live = round(row["distinct_experts"]); ctx = row.get("context", 0) + 1
-real_dead = fluid.dead_tasks
 
-def run(sched, nb, extra_dead=(), cst=costs):
-    fluid.dead_tasks = lambda s, ls: real_dead(s, ls) | set(extra_dead)
-    try:
-        timed = fluid.fluid_timeline(sched, cst, nb, bandwidth_scale=scale, live_slots=lambda l: live)
-    finally:
-        fluid.dead_tasks = real_dead
+def run(sched, nb, cst=costs):
+    timed = fluid.fluid_timeline(sched, cst, nb, bandwidth_scale=scale, live_slots=lambda l: live)
     step = max(e for e in timed.end if e == e)
     return step, timed.layer_period(sched, range(2, 47))
 
@@ -42,9 +37,10 @@ for extra in (0.0, 0.5, 1.0, 2.0):
     for t in combines:
         for w in t.waits:
             by_wait.setdefault(w, set()).add(t.signal)
-    moved = 0
     for t in combines:  # the combine task stays in its SM's list as an empty task: no wait, no signal, no cost
         sched.barriers[t.signal].target -= 1
+        t.waits, t.signal = (), NO_BARRIER
+    moved = 0
     for t in sched.tasks:
         if t.op == Op.ATTN_PARTIAL and t.signal in by_wait:
             (sig,) = by_wait[t.signal]
@@ -54,8 +50,6 @@ for extra in (0.0, 0.5, 1.0, 2.0):
     cst = dict(costs)
     ap = costs["attn_partial"]
     cst["attn_partial"] = dataclasses.replace(ap, finish_us=ap.finish_us + extra)
-    for t in combines:
-        t.waits, t.signal = (), NO_BARRIER
     cst["attn_combine"] = fluid.WaveCost(0.0, 0.0, 0.0, 0.0)
     s, p = run(sched, nb, cst=cst)
     print(f"  last-arriver combine, partials +{extra:.1f} us: {s:.0f} us ({100*(s/s0-1):+.1f}%), layer {p:.1f} ({moved} partials rewired)")
