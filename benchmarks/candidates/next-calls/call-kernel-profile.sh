@@ -9,8 +9,12 @@ batches=${1:-1,8,64}; limit=${2:-300}
 res=$OUT/r; mkdir -p $res; start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
 python3 -c "from vllm_megakernel import _C; print(_C.build_info())" | tee $res/build-info.txt
-timeout -k 5 $(( limit - 10 - ($(date +%s) - start) )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
+t=$(( limit - 10 - ($(date +%s) - start) ))
+[ $t -gt 0 ] || { echo "no time left for the profile ($t s)"; exit 2; }
+timeout -k 5 $t python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
   --batch-sizes $batches --iters 10 --out $res/profile > $res/profile.log 2>&1
-echo "profile rc=$? ($(( $(date +%s) - start )) s)"
-grep -A5 "^| batch | context" $res/profile/report.md 2>/dev/null | head -6 || tail -5 $res/profile.log
+rc=$?; echo "profile rc=$rc ($(( $(date +%s) - start )) s)"
+# kernel_profile rewrites report.md after each row, so a timeout keeps the rows it finished
+if [ -f $res/profile/report.md ]; then grep -A5 "^| batch | context" $res/profile/report.md | head -6; else tail -5 $res/profile.log; fi
 cd $OUT && tar czf r.tgz r && rm -rf r
+exit $rc
