@@ -65,15 +65,17 @@ OPT_IN_REASON = ("the megakernel is opt-in until vLLM's GPU tests have passed on
                  "additional_config.megakernel.enabled=true")
 
 # The largest decode batch measured at least as fast as stock vLLM -- together with every smaller batch
-# measured -- in the committed sweeps below (8K, the weights' own routing; a batch measured in several counts
-# from the last folder listed): batch 1-16 on the current kernel (session V, csrc/ as at 9df348d: 1.86 / 1.63 /
-# 1.46 / 1.35 / 1.15x at batch 1 / 2 / 4 / 8 / 16), batch 32 and 64 on it too (session X: 1.06 / 1.04x; session
-# S's kernel measured 1.09 / 1.06x there). A CPU test recomputes it from their results.json files. Older kernels' sweeps stay in benchmarks/results (the README names them).
+# measured -- in the committed H200 sweeps below (8K, the weights' own routing; a batch measured in several
+# counts from the last folder listed): batch 1-8 on the current kernel (session AM, csrc/ as at 7503110, ABI 19:
+# 2.00 / 1.69 / 1.52 / 1.39x at batch 1 / 2 / 4 / 8), batch 16 on session V's (csrc/ as at 9df348d: 1.15x), batch
+# 32 and 64 on session X's (1.06 / 1.04x; session S's kernel measured 1.09 / 1.06x there). A CPU test recomputes it
+# from their results.json files. Older kernels' sweeps stay in benchmarks/results (the README names them).
 MEASURED_MAX_BATCH = 64
 MEASURED_IN = ("benchmarks/results/h200-2026-12-03-v2-l2-hints/call3/sweep",
                "benchmarks/results/h200-2026-12-03-v2-l2-hints/call4/sweep",
                "benchmarks/results/h200-2026-12-04-v2-local-routing/call3/sweep",
-               "benchmarks/results/h200-2026-12-04-v2-session-x/call3/sweep")
+               "benchmarks/results/h200-2026-12-04-v2-session-x/call3/sweep",
+               "benchmarks/results/h200-2026-12-05-session-am/call9-sweep/sweep")
 KERNEL_MAX_BATCH = KERNEL["max_batch"]
 
 _FIELDS: dict[str, type] = {"enabled": bool, "strict": bool, "max_batch": int}
