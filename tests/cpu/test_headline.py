@@ -1,0 +1,104 @@
+"""The README's headline tables (benchmarks.headline): read from the committed results, never typed in."""
+
+import json
+
+import pytest
+
+from conftest import REPO
+from benchmarks import headline, report
+from benchmarks.headline import Source
+
+AM_SWEEP = REPO / "benchmarks" / "results" / "h200-2026-12-05-session-am" / "call9-sweep" / "sweep" / "results.json"
+
+
+def test_readme_headline_block_is_what_the_committed_results_give():
+    """Regenerate with `python -m benchmarks.headline --write` after committing a run or changing the sources."""
+    text = (REPO / "README.md").read_text()
+    begin, end = text.index(headline.BEGIN), text.index(headline.END) + len(headline.END)
+    assert text[begin:end] == headline.block()
+
+
+def test_every_headline_source_exists_and_the_current_kernel_has_rows():
+    points = headline.sweep_points()
+    assert {src.folder for src in headline.SWEEPS} == {p["source"].folder for p in points.values()}, \
+        "a listed sweep that no point comes from is replaced everywhere: drop it"
+    assert any(p["source"].session == headline.CURRENT_KERNEL_SESSION for p in points.values())
+    serving = headline.serving_points()
+    assert {src.folder for src in headline.SERVING} == {p["source"].folder for p in serving.values()}
+
+
+def _sweep(tmp_path, name, scale=1.0, batches=None, gpu="NVIDIA H200"):
+    result = json.loads(AM_SWEEP.read_text())
+    result["env"]["gpu"] = gpu
+    if batches is not None:
+        result["cases"] = [c for c in result["cases"] if c["batch"] in batches]
+    for c in result["cases"]:
+        if c["side"] == "megakernel":
+            c["per_request_tok_s"] = [x * scale for x in c["per_request_tok_s"]]
+    (tmp_path / name).mkdir(parents=True)
+    (tmp_path / name / "results.json").write_text(json.dumps(result))
+    return Source(name, name.upper())
+
+
+def test_a_later_sweep_replaces_an_earlier_one_only_at_the_points_it_measured(tmp_path):
+    old = _sweep(tmp_path, "old", scale=0.5)
+    new = _sweep(tmp_path, "new", scale=1.0, batches={1, 2})
+    points = headline.sweep_points((old, new), tmp_path)
+    assert {k[1] for k in points} == {1, 2, 4, 8}
+    assert points[("weights", 1, 8192)]["source"] == new
+    assert points[("weights", 4, 8192)]["source"] == old
+    committed = {row["batch"]: row["ratio"] for row in report.summarize(json.loads(AM_SWEEP.read_text()))}
+    assert points[("weights", 1, 8192)]["ratio"] == pytest.approx(committed[1])
+    assert points[("weights", 4, 8192)]["ratio"] == pytest.approx(committed[4] / 2)
+    table = "\n".join(headline.sweep_table((old, new), tmp_path))
+    # at half speed batch 4 falls under its 1.3x floor, and the table says so rather than hiding it
+    assert "| weights | 4 | 8K |" in table and ">= 1.3x: **missed**" in table
+    assert ">= 1.5x: met" in table
+
+
+def test_a_sweep_from_another_gpu_is_refused(tmp_path):
+    src = _sweep(tmp_path, "h100", gpu="NVIDIA H100 80GB HBM3")
+    with pytest.raises(ValueError, match="H200"):
+        headline.sweep_points((src,), tmp_path)
+
+
+def _side(folder, side, input_len, rows):
+    folder.mkdir(parents=True, exist_ok=True)
+    full = [{"concurrency": c, "completed": 4 * c, "failed": failed, "output_tok_s": tok_s, "median_tpot_ms": tpot,
+             "median_ttft_ms": 100.0, "p99_tpot_ms": tpot} for c, tok_s, tpot, failed in rows]
+    (folder / f"side-{side}.json").write_text(json.dumps({"settings": {"input_len": input_len}, "rows": full}))
+
+
+def test_serving_counts_a_level_only_where_one_folder_has_both_sides_without_failures(tmp_path):
+    _side(tmp_path / "old" / "a", "stock", 1024, [(1, 200, 5.0, 0), (4, 500, 8.0, 0), (8, 700, 10.0, 0)])
+    _side(tmp_path / "old" / "b", "megakernel", 1024, [(1, 330, 3.0, 0), (4, 800, 5.0, 0), (8, 1000, 7.5, 1)])
+    _side(tmp_path / "new", "stock", 1024, [(4, 510, 8.0, 0), (32, 1500, 20.0, 0)])
+    _side(tmp_path / "new", "megakernel", 1024, [(4, 820, 5.5, 0)])
+    points = headline.serving_points((Source("old", "P"), Source("new", "Q")), tmp_path)
+    # 8: a failed request on one side; 32: one side only
+    assert sorted(points) == [(1024, 1), (1024, 4)]
+    assert points[(1024, 4)]["source"].session == "Q" and points[(1024, 4)]["megakernel"]["median_tpot_ms"] == 5.5
+    table = "\n".join(headline.serving_table((Source("old", "P"), Source("new", "Q")), tmp_path))
+    assert "| 1K | 1 | 5.00 / 3.00 | **0.60x** |" in table and "TPOT <= 0.7x: met" in table
+    assert "| 1K | 4 | 8.00 / 5.50 | **0.69x** |" in table
+
+
+def test_serving_refuses_a_side_measured_twice_at_one_level_in_one_folder(tmp_path):
+    _side(tmp_path / "f" / "call1", "stock", 1024, [(1, 200, 5.0, 0)])
+    _side(tmp_path / "f" / "call2", "stock", 1024, [(1, 210, 4.9, 0)])
+    with pytest.raises(ValueError, match="twice"):
+        headline.serving_points((Source("f", "P"),), tmp_path)
+
+
+def test_the_readme_block_is_replaced_only_between_one_pair_of_markers():
+    text = f"a\n{headline.BEGIN}\nold\n{headline.END}\nb\n"
+    assert headline.replace_block(text, "NEW") == "a\nNEW\nb\n"
+    for bad in ("a\nb\n", text + headline.BEGIN, f"{headline.END}\n{headline.BEGIN}\n"):
+        with pytest.raises(ValueError, match="markers"):
+            headline.replace_block(bad, "NEW")
+
+
+def test_sweep_floors_are_issue_12s():
+    assert [headline.sweep_floor("weights", b, 8192) for b in (1, 2, 4, 8, 16, 32, 64)] == [1.5, 1.4, 1.3, 1.2, 1, 1, 1]
+    assert [headline.sweep_floor("weights", 1, c) for c in (1024, 32768, 131072)] == [1.4] * 3
+    assert headline.sweep_floor("weights", 8, 131072) is None
