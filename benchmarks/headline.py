@@ -1,15 +1,16 @@
 """The README's headline tables: the megakernel against stock vLLM at each point issue #12 names, on an H200, each
 point from the newest committed run that measured it, with the issue's target beside it and a link to the run's
-folder. Nothing is typed in by hand: the figures are read from the committed results, and a CPU test checks that
-the README's block is what this module makes of them.
+folder. The figures and the settings the tables state are read from the committed results, and a CPU test checks
+that the README's block is what this module makes of them.
 
     python -m benchmarks.headline            # print the tables
     python -m benchmarks.headline --write    # replace the README's block between the two markers
 
-Inside vLLM (benchmarks.decode_sweep, both sides in one run): a sweep folder listed later replaces an earlier one
-at every (routing, batch, context) it measured. Through the server (benchmarks.serve_load, one side a call): a
-level counts from the newest folder that holds both sides of it, each side's figures from its own
-`side-*.json`.
+Inside vLLM (benchmarks.decode_sweep, both sides in one run): a sweep folder listed later replaces an earlier one at
+every (routing, batch, context) whose stock case it measured, whatever its megakernel side did there (a megakernel
+case that failed or did not run shows as such, and misses its target). Through the server (benchmarks.serve_load, one
+side a call): a level counts from the newest folder holding both sides of it, each side's figures from its own
+`side-*.json`; failed requests show as such and miss the target.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.report import summarize
+from benchmarks.report import summarize, tokens_label
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -51,6 +53,8 @@ SERVING = (
     Source("h200-2026-12-04-v2-session-ab", "AB"),  # 1K at 32 / 64, 8K at 1 / 4 / 8
     Source("h200-2026-12-04-v2-session-ad/serve-1024", "AD"),  # 1K at 1 / 4 / 8
 )
+SERVING_TPOT_LEVELS = range(1, 9)  # issue #12: median TPOT at most 0.7x stock's at concurrency 1 to 8
+SERVING_THROUGHPUT_LEVELS = (32, 64)  # and output tok/s no lower than stock's at 32 and 64
 
 
 def sweep_floor(routing: str, batch: int, context: int) -> float | None:
@@ -64,10 +68,6 @@ def sweep_floor(routing: str, batch: int, context: int) -> float | None:
     return None
 
 
-def _k(n: int) -> str:
-    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
-
-
 def _link(folder: str, text: str) -> str:
     return f"[{text}](benchmarks/results/{folder})"
 
@@ -76,87 +76,140 @@ def _kernel(session: str) -> str:
     return "current" if session == CURRENT_KERNEL_SESSION else f"session {session}'s"
 
 
-def sweep_points(sources=SWEEPS, results: Path = RESULTS) -> dict[tuple[str, int, int], dict]:
-    """(routing, batch, context) -> the newest row measuring it, with the source it came from."""
+def _routing(result: dict, folder: str) -> str:
+    simulation = result["env"].get("routing_simulation", "off")
+    if simulation == "off":
+        return "weights"
+    if "both sides" in simulation:
+        return "uniform"
+    # runs before the megakernel simulated routing too: its side routed by the weights, so the sides differ
+    raise ValueError(f"{folder}: routing simulated on the stock side only ({simulation}); not a comparison")
+
+
+def _sweep_settings(result: dict) -> str:
+    env = result["env"]
+    return f"{env.get('load_format', '?')} weights, {result['new_tokens']} new tokens, median of {env['repeats']} runs"
+
+
+def sweep_points(sources: Sequence[Source] = SWEEPS, results: Path = RESULTS) -> dict[tuple[str, int, int], dict]:
+    """(routing, batch, context) -> the newest row whose stock case ran, with the source it came from and the
+    run's settings."""
     points: dict[tuple[str, int, int], dict] = {}
     for src in sources:
         result = json.loads((results / src.folder / "results.json").read_text())
         if "H200" not in result["env"]["gpu"]:
             raise ValueError(f"{src.folder} ran on {result['env']['gpu']}: the headline tables are the H200's")
-        routing = "uniform" if result["env"].get("routing_simulation", "off") != "off" else "weights"
+        if not result["sides"].get("megakernel", {}).get("use_megakernel"):
+            raise ValueError(f"{src.folder}: its megakernel side did not run the megakernel")
+        routing = _routing(result, src.folder)
         for row in summarize(result):
-            if row.get("stock") and row.get("megakernel"):
-                points[(routing, row["batch"], row["context"])] = {**row, "source": src}
+            if row["stock"] is not None:
+                points[(routing, row["batch"], row["context"])] = {**row, "source": src,
+                                                                   "settings": _sweep_settings(result)}
     return points
 
 
-def sweep_table(sources=SWEEPS, results: Path = RESULTS) -> list[str]:
+def _sweep_order(key: tuple[str, int, int]) -> tuple:
+    routing, batch, context = key
+    return routing != "weights", context != 8192, context, batch
+
+
+def sweep_table(sources: Sequence[Source] = SWEEPS, results: Path = RESULTS) -> list[str]:
     lines = ["| routing | batch | context | stock tok/s | megakernel tok/s | ratio | issue #12 | megakernel % of SOL | "
              "kernel | run |", "|---|---|---|---|---|---|---|---|---|---|"]
-    order = lambda key: (key[0] != "weights", key[2] != 8192, key[2], key[1])  # noqa: E731
     points = sweep_points(sources, results)
-    for routing, batch, context in sorted(points, key=order):
-        row = points[(routing, batch, context)]
+    for key in sorted(points, key=_sweep_order):
+        routing, batch, context = key
+        row = points[key]
         floor = sweep_floor(routing, batch, context)
-        verdict = "-" if floor is None else (f">= {floor}x: " + ("met" if row["ratio"] >= floor else "**missed**"))
-        lines.append(f"| {routing} | {batch} | {_k(context)} | {row['stock']:.0f} | {row['megakernel']:.0f} | "
-                     f"**{row['ratio']:.2f}x** | {verdict} | {row['megakernel_pct_sol']:.0f}% | "
-                     f"{_kernel(row['source'].session)} | {_link(row['source'].folder, row['source'].folder.split('/')[0])} |")
+        ratio = row["ratio"]
+        if floor is None:
+            verdict = "-"
+        else:
+            verdict = f">= {floor}x: " + ("met" if ratio is not None and ratio >= floor else "**missed**")
+        mk = f"{row['megakernel']:.0f}" if ratio is not None else f"not measured ({row['megakernel_note']})"
+        lines.append(f"| {routing} | {batch} | {tokens_label(context)} | {row['stock']:.0f} | {mk} | "
+                     + (f"**{ratio:.3f}x** | " if ratio is not None else "- | ")
+                     + f"{verdict} | " + (f"{row['megakernel_pct_sol']:.0f}% | " if ratio is not None else "- | ")
+                     + f"{_kernel(row['source'].session)} | "
+                     + f"{_link(row['source'].folder, row['source'].folder.split('/')[0])} |")
     return lines
 
 
-def serving_points(sources=SERVING, results: Path = RESULTS) -> dict[tuple[int, int], dict]:
-    """(prompt tokens, concurrency) -> each side's row from the newest folder holding both sides of it without a
-    failed request."""
+def _serving_settings(side_file: dict) -> tuple:
+    s = side_file["settings"]
+    return s.get("load_format"), s["output_len"], s.get("warmup_wave", False)
+
+
+def serving_points(sources: Sequence[Source] = SERVING, results: Path = RESULTS) -> dict[tuple[int, int], dict]:
+    """(prompt tokens, concurrency) -> each side's row from the newest folder holding both sides of it."""
     points: dict[tuple[int, int], dict] = {}
     for src in sources:
         found: dict[tuple[int, int], dict] = {}
         for path in sorted((results / src.folder).rglob("side-*.json")):
             side_file = json.loads(path.read_text())
             side = path.stem.removeprefix("side-")
+            if side == "megakernel" and "runs on the megakernel" not in (side_file.get("decision") or ""):
+                raise ValueError(f"{path}: its server did not run the megakernel ({side_file.get('decision')})")
             for row in side_file["rows"]:
                 key = (side_file["settings"]["input_len"], row["concurrency"])
                 if side in found.setdefault(key, {}):
                     raise ValueError(f"{src.folder}: {side} measured {key} twice; which one counts?")
-                found[key][side] = {**row, "file": path.relative_to(results).parent.as_posix()}
+                found[key][side] = {**row, "folder": path.relative_to(results).parent.as_posix(),
+                                    "settings": _serving_settings(side_file)}
         for key, sides in found.items():
-            if {"stock", "megakernel"} <= set(sides) and all(s["failed"] == 0 for s in sides.values()):
+            if {"stock", "megakernel"} <= set(sides):
+                if sides["stock"]["settings"] != sides["megakernel"]["settings"]:
+                    raise ValueError(f"{src.folder}: the two sides of {key} ran with different settings")
                 points[key] = {**sides, "source": src}
     return points
 
 
-def serving_table(sources=SERVING, results: Path = RESULTS) -> list[str]:
+def serving_table(sources: Sequence[Source] = SERVING, results: Path = RESULTS) -> list[str]:
     lines = ["| prompt | concurrency | median TPOT ms stock / megakernel | TPOT ratio | output tok/s stock / megakernel | "
-             "ratio | issue #12 | kernel | runs |", "|---|---|---|---|---|---|---|---|---|"]
+             "tok/s ratio | issue #12 | kernel | runs |", "|---|---|---|---|---|---|---|---|---|"]
     points = serving_points(sources, results)
     for prompt, conc in sorted(points):
         p = points[(prompt, conc)]
         s, m = p["stock"], p["megakernel"]
         tpot = m["median_tpot_ms"] / s["median_tpot_ms"]
         out = m["output_tok_s"] / s["output_tok_s"]
-        if conc <= 8:
-            verdict = "TPOT <= 0.7x: " + ("met" if tpot <= 0.7 else "**missed**")
+        failed = s["failed"] + m["failed"]
+        if conc in SERVING_TPOT_LEVELS:
+            verdict, tpot_cell, out_cell = "TPOT <= 0.7x: " + ("met" if tpot <= 0.7 else "**missed**"), \
+                f"**{tpot:.3f}x**", f"{out:.3f}x"
+        elif conc in SERVING_THROUGHPUT_LEVELS:
+            verdict, tpot_cell, out_cell = "tok/s >= stock: " + ("met" if out >= 1.0 else "**missed**"), \
+                f"{tpot:.3f}x", f"**{out:.3f}x**"
         else:
-            verdict = "tok/s >= stock: " + ("met" if out >= 1.0 else "**missed**")
-        runs = ", ".join(_link(x["file"], side) for side, x in (("stock", s), ("megakernel", m)))
-        lines.append(f"| {_k(prompt)} | {conc} | {s['median_tpot_ms']:.2f} / {m['median_tpot_ms']:.2f} | "
-                     f"**{tpot:.2f}x** | {s['output_tok_s']:.0f} / {m['output_tok_s']:.0f} | {out:.2f}x | {verdict} | "
+            verdict, tpot_cell, out_cell = "-", f"{tpot:.3f}x", f"{out:.3f}x"
+        if failed:
+            verdict = f"**missed: {failed} failed requests**" if verdict != "-" else f"{failed} failed requests"
+        runs = ", ".join(_link(x["folder"], side) for side, x in (("stock", s), ("megakernel", m)))
+        lines.append(f"| {tokens_label(prompt)} | {conc} | {s['median_tpot_ms']:.2f} / {m['median_tpot_ms']:.2f} | {tpot_cell} | "
+                     f"{s['output_tok_s']:.0f} / {m['output_tok_s']:.0f} | {out_cell} | {verdict} | "
                      f"{_kernel(p['source'].session)} | {runs} |")
     return lines
 
 
+def _said(values: set) -> str:
+    return "; ".join(sorted(values))
+
+
 def block() -> str:
+    sweep_settings = {p["settings"] for p in sweep_points().values()}
+    serving = {p["stock"]["settings"] for p in serving_points().values()}
+    serving_settings = {f"{load} weights, {out} new tokens" + (", each level after its warm-up wave" if warm else "")
+                        for load, out, warm in serving}
     return "\n".join([
         BEGIN,
-        "Inside vLLM (`benchmarks.decode_sweep`, both sides in one run on one H200, vLLM's defaults, dummy weights, "
-        "256 new tokens, median of 3 runs; SOL at the copy bandwidth measured in the same run). \"current\": main's "
-        "kernel; a row from an older session ran an older kernel and is there until the current one is measured at "
-        "that point.",
+        f"Inside vLLM (`benchmarks.decode_sweep`, both sides in one run on an H200, vLLM's defaults, "
+        f"{_said(sweep_settings)}; SOL at the copy bandwidth measured in the same run). \"current\": main's kernel; a "
+        "row from an older session ran an older kernel and stays until the current one is measured at that point.",
         "",
         *sweep_table(),
         "",
-        "Through the server (`benchmarks.serve_load`, one side a call on one H200, 256 new tokens, each level after "
-        "its warm-up wave).",
+        f"Through the server (`benchmarks.serve_load`, one side a call, each on an H200; {_said(serving_settings)}).",
         "",
         *serving_table(),
         END,

@@ -70,7 +70,7 @@ def summarize(result: dict) -> list[dict]:
     return rows
 
 
-def _k(n: int) -> str:
+def tokens_label(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
@@ -130,16 +130,16 @@ def markdown(result: dict) -> str:
 
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
         dist = f"{r['distinct_used']:.1f}" + ("" if r["distinct_source"] == "measured" else " (uniform)")
-        lines.append(f"| {r['batch']} | {_k(r['context'])} | {cell('stock')} | {cell('megakernel')} | {ratio} | "
+        lines.append(f"| {r['batch']} | {tokens_label(r['context'])} | {cell('stock')} | {cell('megakernel')} | {ratio} | "
                      f"{dist} | {r['sol_tok_s']:.0f} | {pct('stock')} | {pct('megakernel')} |")
     for r in rows:
         for side in ("stock", "megakernel"):
             if r[side] is not None and r[f"{side}_pct_sol"] > 100:
                 lines.append(f"\n**Above the speed of light, not a valid figure:** {side} at batch {r['batch']}, "
-                             f"{_k(r['context'])} ran at {r[f'{side}_pct_sol']:.0f}% of the speed of light, so it "
+                             f"{tokens_label(r['context'])} ran at {r[f'{side}_pct_sol']:.0f}% of the speed of light, so it "
                              "moved fewer bytes than the model must (the side skipped work, or the count is wrong).")
     for s in result.get("superseded", []):
-        lines.append(f"\n{s['side']} batch {s['batch']} at {_k(s['context'])}: one merged run did not finish it "
+        lines.append(f"\n{s['side']} batch {s['batch']} at {tokens_label(s['context'])}: one merged run did not finish it "
                      f"({s['reason']}); the row comes from the run that did.")
     return "\n".join(lines) + "\n"
 
@@ -150,7 +150,7 @@ def _by_batch(rows: list[dict], value) -> list[tuple[str, str, list]]:
     for ctx in sorted({r["context"] for r in rows}):
         rs = [r for r in rows if r["context"] == ctx]
         for side, style in (("stock", "--"), ("megakernel", "-")):
-            series.append((f"{side} {_k(ctx)}", style, [(r["batch"], value(r, side)) for r in rs if r[side]]))
+            series.append((f"{side} {tokens_label(ctx)}", style, [(r["batch"], value(r, side)) for r in rs if r[side]]))
     return series
 
 
