@@ -30,9 +30,14 @@ README = REPO / "README.md"
 BEGIN = "<!-- headline: benchmarks/headline.py writes this block; do not edit it by hand -->"
 END = "<!-- headline end -->"
 
-# The session whose kernel is main's (csrc/ as at 7503110, ABI 19); a row measured in another session is marked
-# as an older kernel's.
-CURRENT_KERNEL_SESSION = "AM"
+# Main's kernel: the session that measured it, and the last commit that changed what the decode step runs (the
+# files below). A row measured in another session is marked as an older kernel's. A CPU test fails when a later
+# commit changes those files, until both are set again: to the session that measures the new kernel (None until one
+# has: then no row is "current"), or, for a change that runs nothing differently (a comment), to the new commit alone.
+CURRENT_KERNEL_SESSION: str | None = "AM"
+CURRENT_KERNEL_COMMIT = "7503110"
+KERNEL_SOURCES = ("csrc", "vllm_megakernel/megakernel/abi.py", "vllm_megakernel/megakernel/layout.py",
+                  "vllm_megakernel/megakernel/schedule.py", "vllm_megakernel/megakernel/runtime.py")
 
 
 @dataclasses.dataclass(frozen=True)

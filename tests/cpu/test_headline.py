@@ -22,9 +22,29 @@ def test_every_headline_source_exists_and_the_current_kernel_has_rows():
     points = headline.sweep_points()
     assert {src.folder for src in headline.SWEEPS} == {p["source"].folder for p in points.values()}, \
         "a listed sweep that no point comes from is replaced everywhere: drop it"
-    assert any(p["source"].session == headline.CURRENT_KERNEL_SESSION for p in points.values())
+    if headline.CURRENT_KERNEL_SESSION is not None:  # a session named as the current kernel's measured it somewhere
+        assert any(p["source"].session == headline.CURRENT_KERNEL_SESSION for p in points.values())
     serving = headline.serving_points()
     assert {src.folder for src in headline.SERVING} == {p["source"].folder for p in serving.values()}
+
+
+def test_the_current_kernel_is_the_one_its_session_measured():
+    """CURRENT_KERNEL_COMMIT is the last commit that changed the kernel's sources: a kernel change must say which
+    session measured it (or that none has) before the headline calls any row current."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    git = ["git", "-C", str(REPO)]
+    if subprocess.run(git + ["rev-parse", "--is-shallow-repository"], capture_output=True, text=True).stdout.strip() \
+            == "true":
+        pytest.skip("a shallow clone does not hold the commit that last changed the kernel")
+    last = subprocess.run(git + ["log", "-1", "--format=%H", "--", *headline.KERNEL_SOURCES], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert last.startswith(headline.CURRENT_KERNEL_COMMIT), (
+        f"the kernel's sources changed in {last[:7]}: set headline.CURRENT_KERNEL_COMMIT, and CURRENT_KERNEL_SESSION "
+        "to the session that measures it (None until one has)")
 
 
 def _sweep(tmp_path, name, scale=1.0, batches=None, gpu="NVIDIA H200", routing="off", mk_failed=()):
