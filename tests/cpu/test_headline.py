@@ -175,3 +175,14 @@ def test_sweep_floors_are_issue_12s():
     assert [headline.sweep_floor("weights", b, 8192) for b in (1, 2, 4, 8, 16, 32, 64)] == [1.5, 1.4, 1.3, 1.2, 1, 1, 1]
     assert [headline.sweep_floor("weights", 1, c) for c in (1024, 32768, 131072)] == [1.4] * 3
     assert headline.sweep_floor("weights", 8, 131072) is None
+
+
+@pytest.mark.parametrize("doc", ["README.md", "STATUS.md"])
+def test_every_relative_link_in_the_readme_and_status_resolves(doc):
+    """Results folders are linked from both; a moved or renamed folder must take its links along."""
+    import re
+
+    text = (REPO / doc).read_text()
+    targets = [m.group(1) for m in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) if "://" not in m.group(1)]
+    assert targets, f"no relative links found in {doc}: the pattern no longer matches its links"
+    assert [t for t in targets if not (REPO / t).exists()] == []
