@@ -8,8 +8,9 @@
 # O projection's rows asked into L2 before a producer waits on the routing), pr (posted_routing=1; the MoE combine
 # has checked the top-k first since session AF), oppr (both) and u48 (moe_up_cols=48: 128 up/gate tiles, one an SM);
 # (2) the same at batch 2 (op, pr, oppr) and 4 (op); (3) kernel_profile at batch 1, 8 and 64, default schedule
-# (issue #10's table: each wave's bytes, span and share of the copy bandwidth measured in the run), with batch 1's
-# o_prefetch=1 row beside it if (1) ran.
+# (issue #10's table: each wave's bytes, span and share of the copy bandwidth measured in the run), with an
+# o_prefetch=1 row beside each batch's if (1) ran (kernel_profile runs every schedule at every batch: 6 rows; session
+# AC's three rows took under 120 s, and a timeout keeps the rows already written).
 # `bash call-h200-kernel.sh [SECONDS]` (default 560; later stages are skipped on time). Results in $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
