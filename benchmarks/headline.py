@@ -119,25 +119,24 @@ def _sweep_order(key: tuple[str, int, int]) -> tuple:
     return routing != "weights", context != 8192, context, batch
 
 
-def sweep_table(sources: Sequence[Source] = SWEEPS, results: Path = RESULTS) -> list[str]:
+def sweep_table(points: dict[tuple[str, int, int], dict]) -> list[str]:
+    """The rows of sweep_points, weights' routing first, 8K first, then by context and batch."""
     lines = ["| routing | batch | context | stock tok/s | megakernel tok/s | ratio | issue #12 | megakernel % of SOL | "
              "kernel | run |", "|---|---|---|---|---|---|---|---|---|---|"]
-    points = sweep_points(sources, results)
     for key in sorted(points, key=_sweep_order):
         routing, batch, context = key
         row = points[key]
         floor = sweep_floor(routing, batch, context)
         ratio = row["ratio"]
-        if floor is None:
-            verdict = "-"
+        verdict = "-" if floor is None else (
+            f">= {floor}x: " + ("met" if ratio is not None and ratio >= floor else "**missed**"))
+        if ratio is None:
+            measured = f"not measured ({row['megakernel_note']}) | - | {verdict} | -"
         else:
-            verdict = f">= {floor}x: " + ("met" if ratio is not None and ratio >= floor else "**missed**")
-        mk = f"{row['megakernel']:.0f}" if ratio is not None else f"not measured ({row['megakernel_note']})"
-        lines.append(f"| {routing} | {batch} | {tokens_label(context)} | {row['stock']:.0f} | {mk} | "
-                     + (f"**{ratio:.3f}x** | " if ratio is not None else "- | ")
-                     + f"{verdict} | " + (f"{row['megakernel_pct_sol']:.0f}% | " if ratio is not None else "- | ")
-                     + f"{_kernel(row['source'].session)} | "
-                     + f"{_link(row['source'].folder, row['source'].folder.split('/')[0])} |")
+            measured = f"{row['megakernel']:.0f} | **{ratio:.3f}x** | {verdict} | {row['megakernel_pct_sol']:.0f}%"
+        src = row["source"]
+        lines.append(f"| {routing} | {batch} | {tokens_label(context)} | {row['stock']:.0f} | {measured} | "
+                     f"{_kernel(src.session)} | {_link(src.folder, src.folder.split('/')[0])} |")
     return lines
 
 
@@ -170,29 +169,31 @@ def serving_points(sources: Sequence[Source] = SERVING, results: Path = RESULTS)
     return points
 
 
-def serving_table(sources: Sequence[Source] = SERVING, results: Path = RESULTS) -> list[str]:
-    lines = ["| prompt | concurrency | median TPOT ms stock / megakernel | TPOT ratio | output tok/s stock / megakernel | "
-             "tok/s ratio | issue #12 | kernel | runs |", "|---|---|---|---|---|---|---|---|---|"]
-    points = serving_points(sources, results)
+def serving_table(points: dict[tuple[int, int], dict]) -> list[str]:
+    """The rows of serving_points by prompt length and concurrency; the ratio a level is judged on in bold."""
+    lines = ["| prompt | concurrency | median TPOT ms stock / megakernel | TPOT ratio | "
+             "output tok/s stock / megakernel | tok/s ratio | issue #12 | kernel | runs |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for prompt, conc in sorted(points):
         p = points[(prompt, conc)]
         s, m = p["stock"], p["megakernel"]
         tpot = m["median_tpot_ms"] / s["median_tpot_ms"]
         out = m["output_tok_s"] / s["output_tok_s"]
-        failed = s["failed"] + m["failed"]
+        tpot_cell, out_cell = f"{tpot:.3f}x", f"{out:.3f}x"
         if conc in SERVING_TPOT_LEVELS:
-            verdict, tpot_cell, out_cell = "TPOT <= 0.7x: " + ("met" if tpot <= 0.7 else "**missed**"), \
-                f"**{tpot:.3f}x**", f"{out:.3f}x"
+            verdict = "TPOT <= 0.7x: " + ("met" if tpot <= 0.7 else "**missed**")
+            tpot_cell = f"**{tpot_cell}**"
         elif conc in SERVING_THROUGHPUT_LEVELS:
-            verdict, tpot_cell, out_cell = "tok/s >= stock: " + ("met" if out >= 1.0 else "**missed**"), \
-                f"{tpot:.3f}x", f"**{out:.3f}x**"
+            verdict = "tok/s >= stock: " + ("met" if out >= 1.0 else "**missed**")
+            out_cell = f"**{out_cell}**"
         else:
-            verdict, tpot_cell, out_cell = "-", f"{tpot:.3f}x", f"{out:.3f}x"
+            verdict = "-"
+        failed = s["failed"] + m["failed"]
         if failed:
             verdict = f"**missed: {failed} failed requests**" if verdict != "-" else f"{failed} failed requests"
         runs = ", ".join(_link(x["folder"], side) for side, x in (("stock", s), ("megakernel", m)))
-        lines.append(f"| {tokens_label(prompt)} | {conc} | {s['median_tpot_ms']:.2f} / {m['median_tpot_ms']:.2f} | {tpot_cell} | "
-                     f"{s['output_tok_s']:.0f} / {m['output_tok_s']:.0f} | {out_cell} | {verdict} | "
+        lines.append(f"| {tokens_label(prompt)} | {conc} | {s['median_tpot_ms']:.2f} / {m['median_tpot_ms']:.2f} | "
+                     f"{tpot_cell} | {s['output_tok_s']:.0f} / {m['output_tok_s']:.0f} | {out_cell} | {verdict} | "
                      f"{_kernel(p['source'].session)} | {runs} |")
     return lines
 
@@ -202,21 +203,21 @@ def _said(values: set) -> str:
 
 
 def block() -> str:
-    sweep_settings = {p["settings"] for p in sweep_points().values()}
-    serving = {p["stock"]["settings"] for p in serving_points().values()}
+    sweeps, serving = sweep_points(), serving_points()
+    sweep_settings = {p["settings"] for p in sweeps.values()}
     serving_settings = {f"{load} weights, {out} new tokens" + (", each level after its warm-up wave" if warm else "")
-                        for load, out, warm in serving}
+                        for load, out, warm in (p["stock"]["settings"] for p in serving.values())}
     return "\n".join([
         BEGIN,
         f"Inside vLLM (`benchmarks.decode_sweep`, both sides in one run on an H200, vLLM's defaults, "
         f"{_said(sweep_settings)}; SOL at the copy bandwidth measured in the same run). \"current\": main's kernel; a "
         "row from an older session ran an older kernel and stays until the current one is measured at that point.",
         "",
-        *sweep_table(),
+        *sweep_table(sweeps),
         "",
         f"Through the server (`benchmarks.serve_load`, one side a call, each on an H200; {_said(serving_settings)}).",
         "",
-        *serving_table(),
+        *serving_table(serving),
         END,
     ])
 

@@ -130,17 +130,18 @@ def markdown(result: dict) -> str:
 
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
         dist = f"{r['distinct_used']:.1f}" + ("" if r["distinct_source"] == "measured" else " (uniform)")
-        lines.append(f"| {r['batch']} | {tokens_label(r['context'])} | {cell('stock')} | {cell('megakernel')} | {ratio} | "
-                     f"{dist} | {r['sol_tok_s']:.0f} | {pct('stock')} | {pct('megakernel')} |")
+        lines.append(f"| {r['batch']} | {tokens_label(r['context'])} | {cell('stock')} | {cell('megakernel')} | "
+                     f"{ratio} | {dist} | {r['sol_tok_s']:.0f} | {pct('stock')} | {pct('megakernel')} |")
     for r in rows:
         for side in ("stock", "megakernel"):
             if r[side] is not None and r[f"{side}_pct_sol"] > 100:
                 lines.append(f"\n**Above the speed of light, not a valid figure:** {side} at batch {r['batch']}, "
-                             f"{tokens_label(r['context'])} ran at {r[f'{side}_pct_sol']:.0f}% of the speed of light, so it "
-                             "moved fewer bytes than the model must (the side skipped work, or the count is wrong).")
+                             f"{tokens_label(r['context'])} ran at {r[f'{side}_pct_sol']:.0f}% of the speed of light, "
+                             "so it moved fewer bytes than the model must (the side skipped work, or the count is "
+                             "wrong).")
     for s in result.get("superseded", []):
-        lines.append(f"\n{s['side']} batch {s['batch']} at {tokens_label(s['context'])}: one merged run did not finish it "
-                     f"({s['reason']}); the row comes from the run that did.")
+        lines.append(f"\n{s['side']} batch {s['batch']} at {tokens_label(s['context'])}: one merged run did not "
+                     f"finish it ({s['reason']}); the row comes from the run that did.")
     return "\n".join(lines) + "\n"
 
 

@@ -47,6 +47,14 @@ def test_the_current_kernel_is_the_one_its_session_measured():
         "to the session that measures it (None until one has)")
 
 
+def _sweep_table(sources, results):
+    return headline.sweep_table(headline.sweep_points(sources, results))
+
+
+def _serving_table(sources, results):
+    return headline.serving_table(headline.serving_points(sources, results))
+
+
 def _sweep(tmp_path, name, scale=1.0, batches=None, gpu="NVIDIA H200", routing="off", mk_failed=()):
     result = json.loads(AM_SWEEP.read_text())
     result["env"]["gpu"] = gpu
@@ -73,7 +81,7 @@ def test_a_later_sweep_replaces_an_earlier_one_only_at_the_points_it_measured(tm
     committed = {row["batch"]: row["ratio"] for row in report.summarize(json.loads(AM_SWEEP.read_text()))}
     assert points[("weights", 1, 8192)]["ratio"] == pytest.approx(committed[1])
     assert points[("weights", 4, 8192)]["ratio"] == pytest.approx(committed[4] / 2)
-    rows = {line.split(" | ")[1]: line for line in headline.sweep_table((old, new), tmp_path)[2:]}
+    rows = {line.split(" | ")[1]: line for line in _sweep_table((old, new), tmp_path)[2:]}
     # at half speed batch 4 falls under its 1.3x floor, and the table says so rather than hiding it
     assert ">= 1.3x: **missed**" in rows["4"] and ">= 1.5x: met" in rows["1"]
 
@@ -83,8 +91,8 @@ def test_a_floor_is_met_at_exactly_the_floor(tmp_path):
     point = headline.sweep_points((src,), tmp_path)[("weights", 4, 8192)]
     at_floor = _sweep(tmp_path, "t", scale=1.3 / point["ratio"] * (1 + 1e-9), batches={4})
     below = _sweep(tmp_path, "u", scale=1.299 / point["ratio"], batches={4})
-    assert ">= 1.3x: met" in headline.sweep_table((at_floor,), tmp_path)[2]
-    assert ">= 1.3x: **missed**" in headline.sweep_table((below,), tmp_path)[2]
+    assert ">= 1.3x: met" in _sweep_table((at_floor,), tmp_path)[2]
+    assert ">= 1.3x: **missed**" in _sweep_table((below,), tmp_path)[2]
 
 
 def test_a_newer_sweep_whose_megakernel_case_failed_shows_the_failure_not_the_older_row(tmp_path):
@@ -92,7 +100,7 @@ def test_a_newer_sweep_whose_megakernel_case_failed_shows_the_failure_not_the_ol
     new = _sweep(tmp_path, "new", batches={8}, mk_failed={8})
     points = headline.sweep_points((old, new), tmp_path)
     assert points[("weights", 8, 8192)]["source"] == new and points[("weights", 8, 8192)]["ratio"] is None
-    row = [line for line in headline.sweep_table((old, new), tmp_path) if line.startswith("| weights | 8 |")]
+    row = [line for line in _sweep_table((old, new), tmp_path) if line.startswith("| weights | 8 |")]
     assert "not measured (engine died)" in row[0] and ">= 1.2x: **missed**" in row[0]
 
 
@@ -112,7 +120,8 @@ def test_a_sweep_from_another_gpu_is_refused(tmp_path):
         headline.sweep_points((src,), tmp_path)
 
 
-def _side(folder, side, input_len, rows, output_len=256, decision="decode runs on the megakernel for batches of 1 to 8"):
+def _side(folder, side, input_len, rows, output_len=256,
+          decision="decode runs on the megakernel for batches of 1 to 8"):
     folder.mkdir(parents=True, exist_ok=True)
     full = [{"concurrency": c, "completed": 4 * c, "failed": failed, "output_tok_s": tok_s, "median_tpot_ms": tpot,
              "median_ttft_ms": 100.0, "p99_tpot_ms": tpot} for c, tok_s, tpot, failed in rows]
@@ -131,7 +140,7 @@ def test_serving_counts_a_level_from_the_newest_folder_holding_both_sides(tmp_pa
     points = headline.serving_points(sources, tmp_path)
     assert sorted(points) == [(1024, 1), (1024, 4), (1024, 8), (1024, 64)]  # 32: one side only
     assert points[(1024, 4)]["source"].session == "Q" and points[(1024, 4)]["megakernel"]["median_tpot_ms"] == 5.5
-    rows = {int(line.split(" | ")[1]): line for line in headline.serving_table(sources, tmp_path)[2:]}
+    rows = {int(line.split(" | ")[1]): line for line in _serving_table(sources, tmp_path)[2:]}
     assert "| 5.00 / 3.00 | **0.600x** |" in rows[1] and "TPOT <= 0.7x: met" in rows[1]
     assert "| 8.00 / 5.50 | **0.688x** |" in rows[4] and "TPOT <= 0.7x: met" in rows[4]
     assert "**missed: 1 failed requests**" in rows[8]  # 0.75x and a failed request
@@ -142,7 +151,7 @@ def test_serving_counts_a_level_from_the_newest_folder_holding_both_sides(tmp_pa
 def test_serving_misses_the_tpot_target_just_over_it(tmp_path):
     _side(tmp_path / "f", "stock", 8192, [(4, 400, 10.0, 0)])
     _side(tmp_path / "f", "megakernel", 8192, [(4, 560, 7.004, 0)])
-    row = headline.serving_table((Source("f", "P"),), tmp_path)[2]
+    row = _serving_table((Source("f", "P"),), tmp_path)[2]
     assert "**0.700x**" in row and "TPOT <= 0.7x: **missed**" in row
 
 
