@@ -294,11 +294,14 @@ def local_routing_for(batch: int) -> bool:
 def posted_routing_for(batch: int) -> bool:
     """Whether the top-k posts its work list as one self-flagged word a slot that the expert tasks' producers
     poll (schedule.StepShape's ``posted_routing``) instead of their waiting on its barrier and then reading the
-    route buffer: the routing hop loses the top-k's fence and one round trip to L2. Measured no faster (the kernel
-    alone, 8K, one process a batch, outputs bit-equal: +0.19 / -0.11 / +0.25 / +0.30% at batch 1 / 2 / 4 / 8; the hop
-    from the top-k's end to the first up/gate task 1.8 -> 0.6 us at batch 1, but the layer's end came later;
-    benchmarks/results/h200-2026-12-04-v2-session-ae, call 4): off, a schedule choice to compare."""
-    return False
+    route buffer: the routing hop loses the top-k's fence and one round trip to L2. On at batch 1 only. The
+    kernel alone at 8K, outputs bit-equal, one process a batch with an A/A control: on an H100 (session AN,
+    benchmarks/results/h100-2026-12-05-session-an) -1.07% at batch 1 in call 1 (the control's rounds -0.69 ..
+    -0.02%) and -2.00% in call 2 (rounds -3.05 .. -1.37%, the control's -0.56 .. +0.73%), -0.09% at batch 2
+    (inside its control). The H200 measured it before the MoE combine checked the top-k first (1e59c78):
+    +0.19 / -0.11 / +0.25 / +0.30% at batch 1 / 2 / 4 / 8, the hop 1.8 -> 0.6 us at batch 1 but the layer's end
+    later (benchmarks/results/h200-2026-12-04-v2-session-ae, call 4); not measured there since."""
+    return batch == 1
 
 
 def stages_in_flight_for(batch: int) -> int:
