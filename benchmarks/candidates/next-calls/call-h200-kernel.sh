@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Next H200 session, the kernel alone (no vLLM, no stash calls; carry only
-# vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so built from main). PERF_LOG #179: the launch choices that the
-# H100 put inside its noise, on the GPU whose batch-1 layer has HBM idle during the routing hop (session X's activity
-# table: 14-20 us of a 46-us layer), then issue #10's per-wave table on the current kernel (last on an H200 in
-# session AE, before sessions AF-AK's changes).
-# (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main against op (o_prefetch=1: the
-# O projection's rows asked into L2 before a producer waits on the routing), pr (posted_routing=1; the MoE combine
-# has checked the top-k first since session AF), oppr (both) and u48 (moe_up_cols=48: 128 up/gate tiles, one an SM);
-# (2) the same at batch 2 (op, pr, oppr) and 4 (op); (3) kernel_profile at batch 1, 8 and 64, default schedule
+# vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so built from main). Session AN ran this script's first form on an
+# H100 (PERF_LOG #180-#181): posted routing became batch 1's default there (-1.07 / -2.00%), o_prefetch lost (+1.05 /
+# +1.15%), 48-column up/gate tiles gained nothing on top of posted routing. The H200 has not run either since session
+# AE, and #179's reason for op (the H200's routing stretch holds ~25 MB of idle HBM, more than the O rows' 16.8 MB)
+# is the H200's alone.
+# (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main (posted routing on) against nopr
+# (posted_routing=0: main before 7d5a0ef), op (o_prefetch=1), u48 (moe_up_cols=48) and opu48 (both);
+# (2) batch 2: op and pr (posted_routing=1); batch 4: op; (3) kernel_profile at batch 1, 8 and 64, default schedule
 # (issue #10's table: each wave's bytes, span and share of the copy bandwidth measured in the run), with an
-# o_prefetch=1 row beside each batch's if (1) ran (kernel_profile runs every schedule at every batch: 6 rows; session
-# AC's three rows took under 120 s, and a timeout keeps the rows already written).
+# o_prefetch=1 row beside each batch's if (1) ran (kernel_profile runs every schedule at every batch: 6 rows; a
+# timeout keeps the rows already written). Batch 64 at 8K needs the H200's memory (it ran out on the H100).
 # `bash call-h200-kernel.sh [SECONDS]` (default 560; later stages are skipped on time). Results in $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -26,11 +26,11 @@ run() {  # NAME BATCH SECONDS NAME=SCHEDULE...: one process, main against each s
   local args=(--variant base=$so)
   for v in "$@"; do args+=(--variant "${v%%=*}=$so@${v#*=}"); done
   timeout -k 5 $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
-    --rounds 6 --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
+    --rounds 10 --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
   stamp $name $?; cat $res/$name/table.md 2>/dev/null || tail -3 $res/$name.log
 }
-run b1 1 80 op=o_prefetch=1 pr=posted_routing=1 oppr=o_prefetch=1,posted_routing=1 u48=moe_up_cols=48
-run b2 2 65 op=o_prefetch=1 pr=posted_routing=1 oppr=o_prefetch=1,posted_routing=1
+run b1 1 90 nopr=posted_routing=0 op=o_prefetch=1 u48=moe_up_cols=48 opu48=o_prefetch=1,moe_up_cols=48
+run b2 2 55 op=o_prefetch=1 pr=posted_routing=1
 run b4 4 55 op=o_prefetch=1
 if [ $(left) -gt 60 ]; then
   schedules="default"; [ -f $res/b1/table.md ] && schedules="default;o_prefetch=1"
