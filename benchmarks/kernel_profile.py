@@ -100,6 +100,26 @@ def random_weights(config: dict, dims, seed: int = 0):
                               "cuda", seed=seed)
 
 
+KV_BLOCK_SIZE = 16
+KV_FIT_MARGIN = 2 << 30  # beside the K/V stand-in: the step's workspace, its tables and the traced launch's records
+
+
+def kv_does_not_fit(dims, batch: int, context: int, free_bytes: int) -> str | None:
+    """Why random_step_inputs' K/V stand-in for ``batch`` rows of ``context`` history would not fit the GPU's
+    free memory beside the weights (with KV_FIT_MARGIN to spare), or None when it fits: on an 80 GB H100, 64 rows
+    of 8K (49 GiB of bf16 K/V, every layer holding the whole pool) do not, and the run used to end there in an
+    out-of-memory error (session AN, call 1)."""
+    import torch
+
+    from vllm_megakernel.paged_kv import PagedKVSim
+
+    need = PagedKVSim.cache_bytes(dims, batch, context + 1, KV_BLOCK_SIZE, torch.bfloat16)
+    if need + KV_FIT_MARGIN <= free_bytes:
+        return None
+    return (f"batch {batch}, context {context}: not run, its K/V stand-in needs {need / 2**30:.1f} GiB and "
+            f"{free_bytes / 2**30:.1f} GiB were free beside the weights ({KV_FIT_MARGIN >> 30} GiB kept spare)")
+
+
 def random_step_inputs(dims, batch: int, context: int, seed: int):
     """A decode step's inputs on the GPU: ``batch`` requests of ``context`` cached tokens each (random K/V),
     one random new token each."""
@@ -107,7 +127,7 @@ def random_step_inputs(dims, batch: int, context: int, seed: int):
 
     from vllm_megakernel.paged_kv import PagedKVSim
 
-    sim = PagedKVSim(dims, num_requests=batch, max_len=context + 1, block_size=16, dtype=torch.bfloat16,
+    sim = PagedKVSim(dims, num_requests=batch, max_len=context + 1, block_size=KV_BLOCK_SIZE, dtype=torch.bfloat16,
                      device="cuda", seed=seed)
     sim.fill_history([context] * batch, values=False)
     for cache in sim.kv_caches:  # whole caches at once; the values only need to be finite
@@ -485,6 +505,7 @@ def main(argv=None) -> None:
     weights = random_weights(config, dims, args.seed)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
+    skipped: list[str] = []  # batches whose K/V would not fit, each with why
     schedules = [s.strip() for s in args.schedules.split(";")]
     for s in schedules:
         parse_schedule(s)  # a typo fails before minutes of GPU work
@@ -493,6 +514,8 @@ def main(argv=None) -> None:
         a time limit keeps what it measured (session L lost a call's report that way)."""
         rows = [{k: v for k, v in r.items() if k != "task_trace"} for r in rows]
         text = report(rows, bandwidth, config)
+        if skipped:
+            text += "\n\n" + "\n".join(f"- {why}" for why in skipped) + "\n"
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "report.md").write_text(text)
@@ -509,6 +532,13 @@ def main(argv=None) -> None:
             pad = torch.empty(placement * (1 << 30) + placement * 37 * (1 << 21), dtype=torch.uint8, device="cuda")
             weights = random_weights(config, dims, args.seed)
         for b in (int(x) for x in args.batch_sizes.split(",")):
+            why = kv_does_not_fit(dims, b, args.context, torch.cuda.mem_get_info()[0])
+            if why:
+                print(why, flush=True)
+                if why not in skipped:
+                    skipped.append(why)
+                    write(results)
+                continue
             for s in schedules:
                 results.append(profile_batch(dims, weights, b, args.context, args.iters, num_sms, args.seed, s))
                 if args.placements > 1:

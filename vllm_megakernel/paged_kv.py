@@ -38,8 +38,8 @@ class PagedKVSim:
         if -1 in self.layer_group:
             raise ValueError("every layer must belong to exactly one KV-cache group")
         self.max_blocks = -(-max_len // block_size)
-        num_blocks = 1 + num_requests * self.max_blocks + spare_blocks
-        shape = (num_blocks, 2, block_size, dims.num_kv_heads, dims.head_dim)
+        shape = self.cache_shape(dims, num_requests, max_len, block_size, spare_blocks)
+        num_blocks = shape[0]
         self.kv_caches = [torch.full(shape, float("nan"), dtype=dtype, device=device)
                           for _ in range(dims.num_layers)]
         rng = random.Random(seed)
@@ -52,6 +52,20 @@ class PagedKVSim:
                        for _ in self.groups]
         self.lens = [0] * num_requests
         self.device = device
+
+    @staticmethod
+    def cache_shape(dims: ModelDims, num_requests: int, max_len: int, block_size: int = 16,
+                    spare_blocks: int = 4) -> tuple[int, int, int, int, int]:
+        """One layer's cache: the null block, every request's ``max_len`` positions, and the spares."""
+        return (1 + num_requests * -(-max_len // block_size) + spare_blocks, 2, block_size, dims.num_kv_heads,
+                dims.head_dim)
+
+    @staticmethod
+    def cache_bytes(dims: ModelDims, num_requests: int, max_len: int, block_size: int = 16,
+                    dtype: torch.dtype = torch.float32, spare_blocks: int = 4) -> int:
+        """What the caches of every layer take (each layer holds the whole pool, as allocated above)."""
+        shape = PagedKVSim.cache_shape(dims, num_requests, max_len, block_size, spare_blocks)
+        return dims.num_layers * torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
 
     def _window_of(self, g: int) -> int | None:
         layer = self.groups[g][0]

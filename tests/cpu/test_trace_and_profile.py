@@ -820,6 +820,25 @@ def test_kernel_profile_parses_every_schedule_choice_it_names():
         parse_schedule("o_within=0.4")
 
 
+def test_kernel_profile_skips_a_batch_whose_kv_would_not_fit_and_says_why(dims):
+    """PagedKVSim.cache_bytes is what its caches take (every layer the whole pool), and kernel_profile leaves out
+    a batch whose K/V stand-in would not fit the free memory with its margin, naming the need and the room:
+    64 rows of 8K on the full model need 49 GiB, more than an 80 GB H100 has beside the weights."""
+    from benchmarks.kernel_profile import KV_FIT_MARGIN, kv_does_not_fit
+
+    for requests, max_len, dtype in ((3, 70, torch.float32), (1, 16, torch.bfloat16)):
+        sim = PagedKVSim(dims, num_requests=requests, max_len=max_len, block_size=16, dtype=dtype)
+        assert PagedKVSim.cache_bytes(dims, requests, max_len, 16, dtype) == sum(c.nbytes for c in sim.kv_caches)
+    full = ref.ModelDims.from_config(REPO / "configs" / "north-mini-code")
+    need = PagedKVSim.cache_bytes(full, 64, 8193, 16, torch.bfloat16)
+    assert 48 << 30 < need < 50 << 30
+    why = kv_does_not_fit(full, 64, 8192, 17 << 30)
+    assert why.startswith("batch 64, context 8192: not run") and "49.1 GiB" in why and "17.0 GiB were free" in why
+    assert kv_does_not_fit(full, 8, 8192, 17 << 30) is None
+    assert kv_does_not_fit(full, 64, 8192, need + KV_FIT_MARGIN) is None
+    assert kv_does_not_fit(full, 64, 8192, need + KV_FIT_MARGIN - 1) is not None
+
+
 def test_step_placements_tells_a_placement_effect_from_round_noise():
     """benchmarks.step_placements: each placement's median over its rounds, the spread between placements
     and the largest spread within one; the verdict names a placement effect only when the placements differ
