@@ -10,7 +10,8 @@
 # (2) batch 2: op and pr (posted_routing=1); batch 4: op; (3) kernel_profile at batch 1, 8 and 64, default schedule
 # (issue #10's table: each wave's bytes, span and share of the copy bandwidth measured in the run), with an
 # o_prefetch=1 row beside each batch's if (1) ran (kernel_profile runs every schedule at every batch: 6 rows; a
-# timeout keeps the rows already written). Batch 64 at 8K needs the H200's memory (it ran out on the H100).
+# timeout keeps the rows already written). Batch 64 at 8K needs the H200's memory: on an H100 kernel_profile leaves it
+# out and says why (49 GiB of K/V beside the weights).
 # `bash call-h200-kernel.sh [SECONDS]` (default 560; later stages are skipped on time). Results in $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
