@@ -65,7 +65,7 @@ class PagedKVSim:
                     dtype: torch.dtype = torch.float32, spare_blocks: int = 4) -> int:
         """What the caches of every layer take (each layer holds the whole pool, as allocated above)."""
         shape = PagedKVSim.cache_shape(dims, num_requests, max_len, block_size, spare_blocks)
-        return dims.num_layers * torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+        return dims.num_layers * torch.Size(shape).numel() * dtype.itemsize
 
     def _window_of(self, g: int) -> int | None:
         layer = self.groups[g][0]
