@@ -4,8 +4,9 @@
 # benchmarks/candidates/input-lookahead.patch: a look-ahead lane checks each task's input barriers before the
 # consumer leader gets there).
 # (1) `benchmarks.ab.interleaved`, one process a batch with an A/A control: batch 1 main (posted routing on) against
-#     nopr (posted_routing=0), op (o_prefetch=1), u48 (moe_up_cols=48), la, lau48; batch 2 la, op; batch 8 la.
-# (2) the kernel tests with la.so as the extension (test_megakernel_step.py, test_each_opcode.py).
+#     nopr (posted_routing=0), op (o_prefetch=1), u48 (moe_up_cols=48), la, lau48.
+# (2) the kernel tests with la.so as the extension (test_megakernel_step.py, test_each_opcode.py), then batch 2
+#     (la, op) and batch 8 (la) as (1): the correctness gate before the smaller batches' A/B on a short call.
 # (3) with the time left, compute-sanitizer (the 13.5.25 wheel, carry .sanitizer/) on la's 5-layer step, then
 #     kernel_profile of main at batch 1 and 8 (issue #10's table).
 # `bash call1-kernel.sh [SECONDS]` (default 480; later stages are skipped on time). Results in $OUT/r.tgz.
@@ -30,14 +31,16 @@ run() {  # NAME BATCH ROUNDS SECONDS NAME=PATH[@SCHEDULE]...: one process, main 
 }
 run b1 1 10 100 nopr=$so@posted_routing=0 op=$so@o_prefetch=1 u48=$so@moe_up_cols=48 la=variants/la.so \
   lau48=variants/la.so@moe_up_cols=48
-run b2 2 8 55 la=variants/la.so op=$so@o_prefetch=1
-run b8 8 6 60 la=variants/la.so
 cp $so /tmp/main.so && cp variants/la.so $so
 python3 -c "from vllm_megakernel import _C; print('tests on', _C.build_info())"
-t=$(( $(left) - 5 )); [ $t -gt 220 ] && t=220
+t=$(( $(left) - 5 )); [ $t -gt 220 ] && t=220; [ $t -lt 30 ] && t=30
 timeout -k 5 $t python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py \
   tests/gpu/test_each_opcode.py > $res/la-kernel-tests.txt 2>&1
 stamp "la kernel tests" $?; grep -E "^(FAILED|ERROR)" $res/la-kernel-tests.txt; tail -1 $res/la-kernel-tests.txt
+cp /tmp/main.so $so  # the A/B below loads main as its base from the extension's path
+run b2 2 8 55 la=variants/la.so op=$so@o_prefetch=1
+run b8 8 6 60 la=variants/la.so
+cp variants/la.so $so
 if [ $(left) -gt 170 ]; then  # memcheck, racecheck, synccheck on la's 5-layer step (the new mbarrier protocol)
   cs=$(bash benchmarks/candidates/next-calls/sanitizer-from-wheel.sh)
   COMPUTE_SANITIZER=$cs timeout -k 5 $(( $(left) - 50 )) python3 -m pytest -v -rA -p no:cacheprovider --durations=6 \
