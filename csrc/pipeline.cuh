@@ -3,12 +3,16 @@
 // Descriptor ring (kDescSlots): task i lives in slot i % kDescSlots. desc_full[s] completes a phase when
 // the 32 producer lanes have stored their word of the descriptor (count 32); done[s] when the consumers
 // have finished the task (count 1: the consumer leader, after a named barrier of all consumers that
-// follows their writes); desc_empty[s] when every consumer lane and the signaller are done with the
-// task, descriptor words included (count kConsumerWarps x 32 + 1: each lane's own arrival, a release at CTA
-// scope, orders its own reads of the words before the producer's rewrite; an arrival by lane 0 after
-// __syncwarp() leaves lanes 1-31's reads unordered for compute-sanitizer 2026.4's racecheck, as CUTLASS's
-// pipelines count every consumer thread). The signaller cannot be lapped: slot s is refilled only after its
-// arrival on desc_empty[s].
+// follows their writes); inputs_seen[s] when the look-ahead lane has seen the task's input barriers complete
+// (count 1; it also arrives when the consumers finished the task first, or when the task reads nothing: the
+// leader tests it only before its own wait, so a late arrival tells no one anything); desc_empty[s] when every
+// consumer lane, the signaller and the look-ahead lane are done with the task, descriptor words included (count
+// kConsumerWarps x 32 + 2: each lane's own arrival, a release at CTA scope, orders its own reads of the words
+// before the producer's rewrite; an arrival by lane 0 after __syncwarp() leaves lanes 1-31's reads unordered
+// for compute-sanitizer 2026.4's racecheck, as CUTLASS's pipelines count every consumer thread). Neither the
+// signaller nor the look-ahead can be lapped: slot s is refilled only after their arrivals on desc_empty[s],
+// and the look-ahead arrives on inputs_seen[s] first, so the leader's test of task i's phase never sees the
+// phase of task i - kDescSlots still open (which its parity would read as complete).
 //
 // Stage ring (kStages buffers of kStageBytes): the producer's n-th stage lives in buffer n % kStages.
 // full[s] completes when the producer's arrive (count 1, with the stage's byte count as expected
@@ -55,6 +59,7 @@ struct PipelineStorage {
   int desc[kDescSlots][abi::kTaskWords];
   uint64_t desc_full[kDescSlots];
   uint64_t done[kDescSlots];
+  uint64_t inputs_seen[kDescSlots];
   uint64_t desc_empty[kDescSlots];
   volatile int abort;  // raised by whichever role gave up; every ring wait checks it
   // Published by the producer as it leaves (producer_left set last, with release order): the stages and
@@ -71,7 +76,8 @@ struct PipelineStorage {
     for (int s = 0; s < kDescSlots; ++s) {
       ptx::mbarrier_init(&desc_full[s], 32);
       ptx::mbarrier_init(&done[s], 1);
-      ptx::mbarrier_init(&desc_empty[s], kConsumerWarps * 32 + 1);
+      ptx::mbarrier_init(&inputs_seen[s], 1);
+      ptx::mbarrier_init(&desc_empty[s], kConsumerWarps * 32 + 2);
     }
     abort = 0;
     filled_stages = filled_descs = 0;
