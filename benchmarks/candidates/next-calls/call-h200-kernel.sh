@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# Next H200 session, the kernel alone (no vLLM, no stash calls; carry only
-# vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so built from main). Session AN ran this script's first form on an
-# H100 (PERF_LOG #180-#181): posted routing became batch 1's default there (-1.07 / -2.00%), o_prefetch lost (+1.05 /
-# +1.15%), 48-column up/gate tiles gained nothing on top of posted routing. The H200 has not run either since session
-# AE, and #179's reason for op (the H200's routing stretch holds ~25 MB of idle HBM, more than the O rows' 16.8 MB)
-# is the H200's alone.
-# (1) `benchmarks.ab.interleaved` at batch 1, one process with an A/A control: main (posted routing on) against nopr
-# (posted_routing=0: main before 7d5a0ef), op (o_prefetch=1), u48 (moe_up_cols=48) and opu48 (both);
-# (2) batch 2: op and pr (posted_routing=1); batch 4: op; (3) kernel_profile at batch 1, 8 and 64, default schedule
-# (issue #10's table: each wave's bytes, span and share of the copy bandwidth measured in the run), with an
-# o_prefetch=1 row beside each batch's if (1) ran (kernel_profile runs every schedule at every batch: 6 rows; a
-# timeout keeps the rows already written). Batch 64 at 8K needs the H200's memory: on an H100 kernel_profile leaves it
-# out and says why (49 GiB of K/V beside the weights).
+# Next H200 session, the kernel alone (no vLLM, no stash calls; carry vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
+# built from main, and .sanitizer/ with the nvidia-cuda-sanitizer-api 13.5.25 wheel). Session AO landed the input
+# look-ahead lane (d6dbc4b, PERF_LOG #183) after its A/B and kernel tests on an H200; compute-sanitizer has not run on it,
+# and the same run measured posted routing off at batch 1 -0.77% against the control (#184: it pays on the H100 only).
+# (0) compute-sanitizer's three tools on the 5-layer 4500-7-pad step (the look-ahead's new mbarrier protocol; skipped
+#     with a message if .sanitizer/ was not carried);
+# (1) `benchmarks.ab.interleaved` at batch 1, 12 rounds, one process with an A/A control: main (posted routing on)
+#     against nopr (posted_routing=0); batch 2: pr (posted_routing=1) as a check that it still does nothing there;
+# (2) kernel_profile at batch 1, 8 and 64, default schedule (issue #10's table). Batch 64 at 8K needs the H200's
+#     memory: on an H100 kernel_profile leaves it out and says why.
+# If nopr is below the control in most rounds again (#184: 8 of 10), turn posted routing off at batch 1 on the H200
+# (`layout.posted_routing_for`; the H100 measured it -1 to -2%, so it needs the GPU in its choice or a per-GPU default).
 # `bash call-h200-kernel.sh [SECONDS]` (default 560; later stages are skipped on time). Results in $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -27,14 +26,21 @@ run() {  # NAME BATCH SECONDS NAME=SCHEDULE...: one process, main against each s
   local args=(--variant base=$so)
   for v in "$@"; do args+=(--variant "${v%%=*}=$so@${v#*=}"); done
   timeout -k 5 $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
-    --rounds 10 --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
+    --rounds $([ $b = 1 ] && echo 12 || echo 8) --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
   stamp $name $?; cat $res/$name/table.md 2>/dev/null || tail -3 $res/$name.log
 }
-run b1 1 90 nopr=posted_routing=0 op=o_prefetch=1 u48=moe_up_cols=48 opu48=o_prefetch=1,moe_up_cols=48
-run b2 2 55 op=o_prefetch=1 pr=posted_routing=1
-run b4 4 55 op=o_prefetch=1
+if ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl > /dev/null 2>&1; then
+  cs=$(bash benchmarks/candidates/next-calls/sanitizer-from-wheel.sh)
+  COMPUTE_SANITIZER=$cs timeout -k 5 240 python3 -m pytest -v -rA -p no:cacheprovider --durations=6 \
+    tests/gpu/test_sanitizer.py -k "4500-7-pad]" > $res/sanitizer.txt 2>&1
+  stamp sanitizer $?; tail -1 $res/sanitizer.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer.txt
+else
+  echo "sanitizer: skipped, .sanitizer/ was not carried"
+fi
+run b1 1 110 nopr=posted_routing=0
+run b2 2 55 pr=posted_routing=1
 if [ $(left) -gt 60 ]; then
-  schedules="default"; [ -f $res/b1/table.md ] && schedules="default;o_prefetch=1"
+  schedules="default"
   # kernel_profile rewrites report.md after each row, so a timeout keeps the rows it finished
   timeout -k 5 $(( $(left) - 8 )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
     --batch-sizes 1,8,64 --iters 10 --schedules "$schedules" --out $res/profile > $res/profile.log 2>&1
