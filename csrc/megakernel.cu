@@ -97,6 +97,12 @@ __device__ __forceinline__ bool has_work(int op, const Step& st, const Task& t) 
   }
 }
 
+// A task with nothing to do on this step's data reads nothing: no one waits (and holds up the tasks queued
+// behind it on this SM) for inputs it will not read.
+__device__ __forceinline__ bool reads_inputs(int op, const Step& st, const Task& t) {
+  return !abi::waits_only_if_work(op) || has_work(op, st, t);
+}
+
 __device__ __forceinline__ bool compute_task(int op, Consumer& c, const Task& t, OpShared& sh) {
   switch (op) {
 #define MEGAKERNEL_COMPUTE(name, T) \
@@ -227,12 +233,11 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
     const Task t{d, layer_of(layer_table, d)};
     if (leader) {
       if (trace) S.ctx.wait_start_ns = global_timer_ns();
-      // A task with nothing to do on this step's data reads nothing: it does not wait (and hold up the
-      // tasks queued behind it on this SM) for inputs it will not read. A task whose inputs the look-ahead
-      // lane already saw complete needs no round trip to L2: its arrival (release, CTA scope) after its
-      // acquire loads and this test (acquire, CTA scope) order the inputs before the consumers' reads.
+      // A task whose inputs the look-ahead lane already saw complete needs no round trip to L2: its arrival
+      // (release, CTA scope) after its acquire loads and this test (acquire, CTA scope) order the inputs
+      // before the consumers' reads.
       const bool ok =
-          (abi::waits_only_if_work(op) && !has_work(op, st, t)) ||
+          !reads_inputs(op, st, t) ||
           ptx::mbarrier_test_wait_parity(&pipe.inputs_seen[slot], (i / kDescSlots) & 1) ||
           wait_task_inputs(S.ctx.complete, barriers, error, timeout_ns, d);
       if (!ok) c.abort();  // and the producer stops waiting for ring space
@@ -268,12 +273,10 @@ __device__ __forceinline__ void run_consumers(SharedStorage& S, const Step& st, 
 // the leader's wait does (barrier.cuh). `known` caches barriers seen complete (they stay so within a step).
 __device__ __forceinline__ bool lookahead_reached(uint32_t* known, int* barriers, int barrier, int count) {
   if (barrier == abi::kNoBarrier) return true;
-  const bool cacheable = barrier >= 0 && barrier < kKnownBarriers;
-  if (cacheable && (known[barrier >> 5] >> (barrier & 31) & 1u)) return true;
-  cuda::atomic_ref<int, cuda::thread_scope_device> ctr(barriers[barrier]);
-  if (ctr.load(cuda::memory_order_relaxed) < count || ctr.load(cuda::memory_order_acquire) < count) return false;
-  if (cacheable) known[barrier >> 5] |= 1u << (barrier & 31);
-  return true;
+  return known_or_reached(known, barrier, [&] {
+    cuda::atomic_ref<int, cuda::thread_scope_device> ctr(barriers[barrier]);
+    return ctr.load(cuda::memory_order_relaxed) >= count && ctr.load(cuda::memory_order_acquire) >= count;
+  });
 }
 
 // Lane 0 of the look-ahead warp: each task, in order, as soon as the producer publishes it (ahead of the
@@ -297,7 +300,7 @@ __device__ __forceinline__ void run_lookahead(SharedStorage& S, const Step& st, 
     // what the leader would wait for, read before the arrival on desc_empty lets the producer rewrite the words
     const int b0 = d[abi::F_WAIT0_BARRIER], c0 = d[abi::F_WAIT0_COUNT];
     const int b1 = d[abi::F_WAIT1_BARRIER], c1 = d[abi::F_WAIT1_COUNT];
-    if (!abi::waits_only_if_work(op) || has_work(op, st, Task{d, layer_of(layer_table, d)})) {
+    if (reads_inputs(op, st, Task{d, layer_of(layer_table, d)})) {
       while (!(lookahead_reached(S.lookahead_complete, barriers, b0, c0) &&
                lookahead_reached(S.lookahead_complete, barriers, b1, c1)) &&
              !ptx::mbarrier_test_wait_parity(&pipe.done[slot], parity)) {

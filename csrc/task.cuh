@@ -55,14 +55,23 @@ struct Producer {
 // within a step): a later wait on one of them costs no round trip to L2.
 constexpr int kKnownBarriers = 16384;
 
+// Whether `barrier` is complete: true at once if the bitmap `complete` (one bit a barrier below kKnownBarriers)
+// already says so, else what `reached()` finds, remembered in the bitmap when it is true. Each bitmap has one
+// owner thread: the consumer leader's (BlockContext::complete) and the look-ahead lane's (megakernel.cu).
+template <class Reached>
+__device__ __forceinline__ bool known_or_reached(uint32_t* complete, int barrier, Reached reached) {
+  const bool cacheable = barrier >= 0 && barrier < kKnownBarriers;
+  if (cacheable && (complete[barrier >> 5] >> (barrier & 31) & 1u)) return true;
+  if (!reached()) return false;
+  if (cacheable) complete[barrier >> 5] |= 1u << (barrier & 31);
+  return true;
+}
+
 // The consumer leader's wait on one of a task's input barriers; `complete` is its bitmap of known barriers.
 __device__ __forceinline__ bool wait_input(uint32_t* complete, int* barriers, int barrier, int count, int* error,
                                            long long timeout_ns, const int* desc) {
-  const bool cacheable = barrier >= 0 && barrier < kKnownBarriers;
-  if (cacheable && (complete[barrier >> 5] >> (barrier & 31) & 1u)) return true;
-  if (!wait_barrier(barriers, barrier, count, error, timeout_ns, desc)) return false;
-  if (cacheable) complete[barrier >> 5] |= 1u << (barrier & 31);
-  return true;
+  return known_or_reached(complete, barrier,
+                          [&] { return wait_barrier(barriers, barrier, count, error, timeout_ns, desc); });
 }
 
 // The consumer leader's waits on a task's two input barriers, in the descriptor's order.
