@@ -309,6 +309,11 @@ __device__ __forceinline__ void run_lookahead(SharedStorage& S, const Step& st, 
       }
     }
     ptx::mbarrier_arrive(&pipe.inputs_seen[slot]);  // release: the acquire loads above before the leader's test
+    // The arrival above completed the phase (count 1). The leader tests it only when it gets to a task that reads
+    // inputs before that task finished, so many phases would complete with no thread waiting on them, which
+    // compute-sanitizer's synccheck reports at the slot's next arrival ("Missing wait"). This lane waits on its own
+    // phase instead: one test of shared memory that passes at once.
+    if (!pipe.wait(&pipe.inputs_seen[slot], parity)) return;
     ptx::mbarrier_arrive(&pipe.desc_empty[slot]);
   }
 }

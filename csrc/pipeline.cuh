@@ -5,7 +5,8 @@
 // have finished the task (count 1: the consumer leader, after a named barrier of all consumers that
 // follows their writes); inputs_seen[s] when the look-ahead lane has seen the task's input barriers complete
 // (count 1; it also arrives when the consumers finished the task first, or when the task reads nothing: the
-// leader tests it only before its own wait, so a late arrival tells no one anything); desc_empty[s] when every
+// leader tests it only before its own wait, so a late arrival tells no one anything; the look-ahead lane then
+// waits on the phase it completed, so that every phase has a waiter, as synccheck requires); desc_empty[s] when every
 // consumer lane, the signaller and the look-ahead lane are done with the task, descriptor words included (count
 // kConsumerWarps x 32 + 2: each lane's own arrival, a release at CTA scope, orders its own reads of the words
 // before the producer's rewrite; an arrival by lane 0 after __syncwarp() leaves lanes 1-31's reads unordered
