@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Next H200 session, the kernel alone (no vLLM, no stash calls; carry vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
-# built from main, and .sanitizer/ with the nvidia-cuda-sanitizer-api 13.5.25 wheel). Session AO landed the input
-# look-ahead lane (d6dbc4b, PERF_LOG #183) after its A/B and kernel tests on an H200; compute-sanitizer has not run on it,
-# and the same run measured posted routing off at batch 1 -0.77% against the control (#184: it pays on the H100 only).
-# (0) compute-sanitizer's three tools on the 5-layer 4500-7-pad step (the look-ahead's new mbarrier protocol; skipped
-#     with a message if .sanitizer/ was not carried);
+# built from main; .sanitizer/ with the nvidia-cuda-sanitizer-api 13.5.25 wheel is optional now). Session AO landed the
+# input look-ahead lane (d6dbc4b, PERF_LOG #183) on an H200 and measured posted routing off at batch 1 -0.77% against
+# the control there (#184: it pays on the H100 only); session AP fixed the lane's synccheck failure (c82ba63, #186).
+# The control runs ~0.6% above main in this harness (#186): compare nopr and sif3 with main and with the control.
+# (0) compute-sanitizer's three tools on the 5-layer 4500-7-pad step (skipped with a message if .sanitizer/ was not
+#     carried: session AP ran them on the H100 on c82ba63's kernel, 3 passed);
 # (1) `benchmarks.ab.interleaved` at batch 1, 12 rounds, one process with an A/A control: main (posted routing on)
-#     against nopr (posted_routing=0); batch 2: pr (posted_routing=1) as a check that it still does nothing there;
+#     against nopr (posted_routing=0) and sif3 (stages_in_flight=3; batch 1's cap of 2 was chosen before the acquire
+#     loads and the look-ahead); batch 2: pr (posted_routing=1) as a check that it still does nothing there;
 # (2) kernel_profile at batch 1, 8 and 64, default schedule (issue #10's table). Batch 64 at 8K needs the H200's
 #     memory: on an H100 kernel_profile leaves it out and says why.
-# If nopr is below the control in most rounds again (#184: 8 of 10), turn posted routing off at batch 1 on the H200
+# If nopr is below main in most rounds again (#184: 8 of 10 below the control), turn posted routing off at batch 1 on the H200
 # (`layout.posted_routing_for`; the H100 measured it -1 to -2%, so it needs the GPU in its choice or a per-GPU default).
 # `bash call-h200-kernel.sh [SECONDS]` (default 560; later stages are skipped on time). Results in $OUT/r.tgz.
 set -u
@@ -37,7 +39,7 @@ if ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl > /dev/null 2>&1; then
 else
   echo "sanitizer: skipped, .sanitizer/ was not carried"
 fi
-run b1 1 110 nopr=posted_routing=0
+run b1 1 120 nopr=posted_routing=0 sif3=stages_in_flight=3
 run b2 2 55 pr=posted_routing=1
 if [ $(left) -gt 60 ]; then
   schedules="default"
