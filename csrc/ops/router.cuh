@@ -10,7 +10,8 @@
 // the same work list themselves from the scores (topk.cuh's LocalRoute) and nothing waits on this one but
 // the MoE combine, for the weights. With its posted_routing this one also stores the work list as posted
 // words (abi.ROUTE_POST: the layer's slot count, then one word a slot holding its expert and rows, each with
-// its own posted bit) as soon as it is built: the expert tasks' producers poll them (ops/moe.cuh), so the
+// its own posted bit) as soon as it is built (at batch 1 as soon as the row's experts are chosen,
+// topk::post_one_row): the expert tasks' producers poll them (ops/moe.cuh), so the
 // routing reaches them without this task's fence and barrier and without a second read; again only the MoE
 // combine waits on its barrier.
 #pragma once
@@ -66,6 +67,8 @@ struct RouterTopkOp {
     const bool renorm = c.st.i(abi::S_NORM_TOPK_PROB) != 0;
     for (int e = c.thread; e < E; e += kConsumerThreads) sh.count[e] = sh.fill[e] = 0;
     const bool uniform = c.st.i(abi::S_UNIFORM_ROUTING) != 0;
+    const bool posted = c.st.i(abi::S_POSTED_ROUTING) != 0;  // the host allows it up to kPostedRoutingMaxBatch rows
+    const bool post_now = posted && B == 1 && !uniform;      // topk::post_one_row, as soon as the row is chosen
     if (uniform) c.mark_inputs();  // no scores to read
     for (int r = c.warp; r < B && uniform; r += kConsumerWarps) {
       int* row = sh.chosen + r * K;
@@ -87,18 +90,19 @@ struct RouterTopkOp {
         if (route_log) route_log[((long long)layer * B + r) * K + c.lane] = x.expert;
         topk_w[r * K + c.lane] = renorm ? x.score / x.total : x.score;
       }
+      if (post_now) topk::post_one_row(c.st.route_posts(layer), x.expert, live, c.lane);
     }
     c.mark_stages();  // the trace's second mark: every row's experts chosen (the work list below is the rest)
     consumer_sync();
-    const bool posted = c.st.i(abi::S_POSTED_ROUTING) != 0;  // the host allows it up to kPostedRoutingMaxBatch rows
+    const bool post_list = posted && !post_now;
     const int active = topk::build_work_list(sh.chosen, B * K, sh.count, sh.slot, sh.fill, c.st.slot_expert(),
                                              c.st.slot_count(), c.st.slot_rows(0), B, c.thread, kConsumerThreads,
-                                             [] { consumer_sync(); }, posted ? sh.post : nullptr);
+                                             [] { consumer_sync(); }, post_list ? sh.post : nullptr);
     if (c.thread == 0) {
       c.st.route()[0] = active;
       c.st.layer_active()[layer] = active;  // the producers' and the signaller's count of this layer's slots
     }
-    if (posted && c.warp == 0) {  // warp 0 built the words (and holds `active`)
+    if (post_list && c.warp == 0) {  // warp 0 built the words (and holds `active`)
       __syncwarp();  // every lane's rows are in sh.post
       // Relaxed 64-bit stores, no fence: each word is single-copy atomic and carries its own posted bit, which
       // is all a polling producer needs; the route buffer and topk_w above are ordered for the MoE combine by
