@@ -36,6 +36,7 @@ ATTENTION_WAVES = ("attn_partial", "attn_combine")
 SHAPE_VALUE = {"norm": str, "order": str, "deal": str, "split_order": str, "combine_place": str,
                "expert_claims": lambda v: bool(int(v)), "combine_in_norm": lambda v: bool(int(v)),
                "local_routing": lambda v: bool(int(v)), "posted_routing": lambda v: bool(int(v)),
+               "posted_scores": lambda v: bool(int(v)),
                "o_prefetch": lambda v: bool(int(v)), "o_within_down": float}
 
 

@@ -5,10 +5,11 @@
 
 namespace vllm_megakernel::abi {
 
-constexpr int kAbiVersion = 19;
+constexpr int kAbiVersion = 20;
 constexpr int kTaskWords = 32;
 constexpr int kNoBarrier = -1;
 constexpr int kPostedRouteWait = -2;
+constexpr int kPostedScoreWait = -3;
 
 enum Op : int {
   OP_END = 0,
@@ -167,29 +168,30 @@ constexpr int S_ROUTE_EXPERT_OFF = 17;
 constexpr int S_ROUTE_COUNT_OFF = 18;
 constexpr int S_ROUTE_ROWS_OFF = 19;
 constexpr int S_ROUTE_POSTS = 20;
-constexpr int S_EMBED = 21;
-constexpr int S_FINAL_NORM = 22;
-constexpr int S_INPUT_IDS = 23;
-constexpr int S_POSITIONS = 24;
-constexpr int S_SEQ_LENS = 25;
-constexpr int S_X = 26;
-constexpr int S_HN = 27;
-constexpr int S_Q = 28;
-constexpr int S_OPART = 29;
-constexpr int S_LSE = 30;
-constexpr int S_ATTN = 31;
-constexpr int S_O = 32;
-constexpr int S_MLP = 33;
-constexpr int S_OUT = 34;
-constexpr int S_SCORES = 35;
-constexpr int S_TOPK_W = 36;
-constexpr int S_ROUTE = 37;
-constexpr int S_DACT = 38;
-constexpr int S_ACT = 39;
-constexpr int S_EOUT = 40;
-constexpr int S_ROUTE_LOG = 41;
-constexpr int S_TRACE = 42;
-constexpr int kStepWords = 43;
+constexpr int S_SCORE_POSTS = 21;
+constexpr int S_EMBED = 22;
+constexpr int S_FINAL_NORM = 23;
+constexpr int S_INPUT_IDS = 24;
+constexpr int S_POSITIONS = 25;
+constexpr int S_SEQ_LENS = 26;
+constexpr int S_X = 27;
+constexpr int S_HN = 28;
+constexpr int S_Q = 29;
+constexpr int S_OPART = 30;
+constexpr int S_LSE = 31;
+constexpr int S_ATTN = 32;
+constexpr int S_O = 33;
+constexpr int S_MLP = 34;
+constexpr int S_OUT = 35;
+constexpr int S_SCORES = 36;
+constexpr int S_TOPK_W = 37;
+constexpr int S_ROUTE = 38;
+constexpr int S_DACT = 39;
+constexpr int S_ACT = 40;
+constexpr int S_EOUT = 41;
+constexpr int S_ROUTE_LOG = 42;
+constexpr int S_TRACE = 43;
+constexpr int kStepWords = 44;
 
 // Layer table words (int64).
 constexpr int L_DENSE = 0;

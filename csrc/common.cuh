@@ -97,6 +97,13 @@ struct Step {
   __device__ unsigned long long* route_posts(int layer) const {
     return ptr<unsigned long long>(abi::S_ROUTE_POSTS) + (long long)layer * (1 + w[abi::S_NUM_SLOTS]);
   }
+  // Whether the routers post their scores as the top-k's keys and the top-k polls them (the step's posted_scores).
+  __device__ bool posted_scores() const { return w[abi::S_SCORE_POSTS] != 0; }
+  // One layer's posted score keys (posted_scores), [batch][kNumExperts], 0 until posted (topk::score_key). In
+  // the step's barrier array too (layout.score_post_words).
+  __device__ uint32_t* score_posts(int layer) const {
+    return ptr<uint32_t>(abi::S_SCORE_POSTS) + (long long)layer * batch() * abi::kNumExperts;
+  }
 };
 
 // Typed view of one layer's row of the layer table (abi::L_*).

@@ -97,9 +97,12 @@ __device__ __forceinline__ bool has_work(int op, const Step& st, const Task& t) 
   }
 }
 
-// A task with nothing to do on this step's data reads nothing: no one waits (and holds up the tasks queued
-// behind it on this SM) for inputs it will not read.
+// Whether the loop waits on the task's input barriers. Not for a task with nothing to do on this step's data,
+// which reads nothing: no one waits (and holds up the tasks queued behind it on this SM) for inputs it will not
+// read. Nor for the top-k under posted scores, whose body polls its inputs' own words instead (schedule.py's
+// Task.polls_inputs).
 __device__ __forceinline__ bool reads_inputs(int op, const Step& st, const Task& t) {
+  if (op == abi::OP_ROUTER_TOPK) return !st.posted_scores();
   return !abi::waits_only_if_work(op) || has_work(op, st, t);
 }
 
@@ -356,6 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     S.pipe.init();
     S.ctx.pipe_abort = &S.pipe.abort;
+    S.ctx.error = error;
     S.ctx.consumer_abort = 0;
   }
   __syncthreads();  // the only block-wide barrier: before the roles split

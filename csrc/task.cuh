@@ -86,6 +86,7 @@ __device__ __forceinline__ bool wait_task_inputs(uint32_t* complete, int* barrie
 // across the consumer loop, whose GEMM paths use every register the consumers have.
 struct BlockContext {
   volatile int* pipe_abort;  // the producer's and the signaller's ring waits see it
+  int* error;                // the step's stall record (barrier.cuh), for an op body's own bounded polls
   int consumer_abort;        // written before a consumer_sync, read by every consumer after it
   uint32_t complete[kKnownBarriers / 32];  // the consumer leader's alone
   // The consumer leader's trace stamps of its current task (traced launches only). In shared memory, not in

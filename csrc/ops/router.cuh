@@ -13,7 +13,10 @@
 // its own posted bit) as soon as it is built (at batch 1 as soon as the row's experts are chosen,
 // topk::post_one_row): the expert tasks' producers poll them (ops/moe.cuh), so the
 // routing reaches them without this task's fence and barrier and without a second read; again only the MoE
-// combine waits on its barrier.
+// combine waits on its barrier. With the step's posted_scores every ROUTER task also stores its scores as the
+// top-k's ranking keys (topk::score_key, never 0) in the step's barrier array, and the top-k, which the loop
+// then does not hold for the router wave's barrier, polls its rows' keys: the routing loses the routers' fences
+// and signals, the barrier's round trip and the second read of the scores.
 #pragma once
 
 #include "norm.cuh"
@@ -38,10 +41,16 @@ struct RouterOp {
     bf16* store_hn = t[abi::F_ROUTER_WRITE_HN] ? c.st.ptr<bf16>(abi::S_HN) : nullptr;
     if (!hidden_gemm<RS>(c, t, t[abi::F_ROUTER_NORM] != 0, R, sh.part, sh.norm, nullptr, store_hn)) return false;
     float* scores = c.st.scores(t.layer());
+    uint32_t* keys = c.st.posted_scores() ? c.st.score_posts(t.layer()) : nullptr;
     for (int idx = c.thread; idx < R * B; idx += kConsumerThreads) {
       const int r = idx % R, b = idx / R;
       const float logit = round_bf16(sh.part[r * bp + b]);
-      scores[b * abi::kNumExperts + row0 + r] = 1.f / (1.f + expf(-logit));
+      const float score = 1.f / (1.f + expf(-logit));
+      scores[b * abi::kNumExperts + row0 + r] = score;
+      // posted scores: the top-k polls this key (relaxed: each key is its own flag; RouterTopkOp::poll_keys)
+      if (keys)
+        cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(keys[b * abi::kNumExperts + row0 + r])
+            .store(topk::score_key(score), cuda::memory_order_relaxed);
     }
     return true;
   }
@@ -58,6 +67,43 @@ struct RouterTopkOp {
   };
 
   static __device__ bool load(Producer&, const Task&) { return true; }
+
+  // Posted scores (the step's posted_scores; the loop did not wait on the router wave): the warp polls batch row
+  // r's keys (lane + 32 j into key[j], zeroed by the caller) until every one is posted, with relaxed loads: each
+  // key is its own flag, and nothing else a router wrote is read on the strength of it. Bounded like every wait
+  // (barrier.cuh's poll_bounded, with lane 0 deciding for the warp, whose lanes poll together); false on an abort
+  // or a timeout, recorded with abi::kPostedScoreWait, the row and how many of its keys were posted.
+  static __device__ bool poll_keys(const Consumer& c, const Task& t, int r, uint32_t (&key)[topk::kPerLane]) {
+    uint32_t* row = c.st.score_posts(t.layer()) + r * E;
+    int* error = c.ctx().error;
+    const long long timeout_ns = c.st.i(abi::S_TIMEOUT_NS);
+    unsigned long long start = 0;
+    for (unsigned polls = 0;; ++polls) {
+      bool all = true;
+#pragma unroll
+      for (int j = 0; j < topk::kPerLane; ++j) {
+        if (!key[j])
+          key[j] = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(row[c.lane + 32 * j])
+                       .load(cuda::memory_order_relaxed);
+        all &= key[j] != 0;
+      }
+      if (__all_sync(0xffffffffu, all)) return true;
+      if (polls == 0) start = global_timer_ns();
+      __nanosleep(20);
+      if (polls % 16 != 15) continue;
+      int stop = 0;  // 1: another SM aborted; 2: this poll timed out
+      if (c.lane == 0) stop = aborted(error) ? 1 : (long long)(global_timer_ns() - start) > timeout_ns ? 2 : 0;
+      stop = __shfl_sync(0xffffffffu, stop, 0);
+      if (stop == 2) {
+        int posted = 0;
+#pragma unroll
+        for (int j = 0; j < topk::kPerLane; ++j) posted += key[j] != 0;
+        posted = __reduce_add_sync(0xffffffffu, posted);
+        if (c.lane == 0) report_stall(error, t.d, abi::kPostedScoreWait, r, posted);
+      }
+      if (stop) return false;
+    }
+  }
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
     const int B = c.st.batch(), layer = t.layer();
@@ -79,12 +125,24 @@ struct RouterTopkOp {
         topk_w[r * K + c.lane] = 1.f;
       }
     }
+    const bool poll = c.st.posted_scores();
     for (int r = c.warp; r < B && !uniform; r += kConsumerWarps) {
       const bool live = c.st.seq_len(r) > 0;  // padding rows are not routed (their weights are unused)
       // the trace's first mark: the leader's first row's scores are in registers
-      const topk::Ranked x = topk::choose_row(scores + r * E, c.lane, [&] {
+      topk::Ranked x;
+      if (poll) {
+        uint32_t key[topk::kPerLane] = {};
+        if (!poll_keys(c, t, r, key)) {
+          c.abort();  // every consumer returns after the consumer_sync below
+          break;
+        }
         if (r == c.warp) c.mark_inputs();
-      });
+        x = topk::rank_keys(key, c.lane);
+      } else {
+        x = topk::choose_row(scores + r * E, c.lane, [&] {
+          if (r == c.warp) c.mark_inputs();
+        });
+      }
       if (c.lane < K) {
         sh.chosen[r * K + c.lane] = live ? x.expert : -1;
         if (route_log) route_log[((long long)layer * B + r) * K + c.lane] = x.expert;
@@ -94,6 +152,7 @@ struct RouterTopkOp {
     }
     c.mark_stages();  // the trace's second mark: every row's experts chosen (the work list below is the rest)
     consumer_sync();
+    if (c.ctx().consumer_abort) return false;  // a poll of the posted scores above gave up
     const bool post_list = posted && !post_now;
     const int active = topk::build_work_list(sh.chosen, B * K, sh.count, sh.slot, sh.fill, c.st.slot_expert(),
                                              c.st.slot_count(), c.st.slot_rows(0), B, c.thread, kConsumerThreads,

@@ -48,17 +48,12 @@ struct Ranked {
   int expert;
   float score, total;
 };
-template <class Loaded>
-__device__ __forceinline__ Ranked choose_row(const float* row_scores, int lane, Loaded loaded) {
-  uint32_t key[kPerLane];
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const float v = row_scores[lane + 32 * j];
-    key[j] = v >= 0.f ? __float_as_uint(v) + 2u : 1u;
-  }
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) asm volatile("" ::"r"(key[j]));  // the loads land before loaded()
-  loaded();
+// A score's ranking key (see Ranked above): never 0, so a zeroed key is "not posted" (the step's posted_scores,
+// where the routers store these and the top-k polls them).
+__device__ __forceinline__ uint32_t score_key(float v) { return v >= 0.f ? __float_as_uint(v) + 2u : 1u; }
+
+// The ranking of one row from its keys, lane + 32 j in key[j] (every lane; knocked out as it goes).
+__device__ __forceinline__ Ranked rank_keys(uint32_t (&key)[kPerLane], int lane) {
   Ranked mine{-1, 0.f, 0.f};
 #pragma unroll 1
   for (int k = 0; k < K; ++k) {
@@ -79,6 +74,18 @@ __device__ __forceinline__ Ranked choose_row(const float* row_scores, int lane, 
     mine.total += score;
   }
   return mine;
+}
+
+// The ranking of one row from its scores (row_scores[e]).
+template <class Loaded>
+__device__ __forceinline__ Ranked choose_row(const float* row_scores, int lane, Loaded loaded) {
+  uint32_t key[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) key[j] = score_key(row_scores[lane + 32 * j]);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) asm volatile("" ::"r"(key[j]));  // the loads land before loaded()
+  loaded();
+  return rank_keys(key, lane);
 }
 
 // A row's experts by uniform draws (reference.uniform_experts) into row[0..K), one warp: lane l holds draw

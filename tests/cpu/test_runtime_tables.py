@@ -124,3 +124,41 @@ def test_posted_route_words_sit_zeroed_after_the_barriers_and_a_stall_on_one_nam
                        match=rf"task {victim.index} \(MOE_UPGATE.* polled layer {victim.layer}'s posted route for "
                              r"slot 3: not posted"):
         runtime.check(step)
+
+
+def test_posted_score_keys_sit_zeroed_after_the_route_words_and_a_stall_on_them_names_the_layer_and_row(
+        tiny_checkpoint):
+    """StepShape.posted_scores: the step's barrier array holds, after the barriers and the posted route words, one
+    uint32 key per layer, batch row and expert (layout.score_post_words), which the step table's score_posts
+    points at, launch() zeroes with the barriers and runtime.score_posts views; without it there are none and the
+    field is 0. A top-k that timed out polling them is reported by layer and batch row, not as a barrier."""
+    dims = ref.ModelDims.from_config(TINY_CONFIG)
+    w = ref.Weights.from_checkpoint(tiny_checkpoint, dims, dtype=torch.bfloat16)
+    sim = PagedKVSim(dims, num_requests=2, max_len=20, block_size=4, dtype=torch.bfloat16)
+    sim.fill_history([5, 9], generator=torch.Generator().manual_seed(0))
+    inp = sim.step([1, 2])
+    for routing, scores in ((False, False), (False, True), (True, True)):
+        sched = build_schedule(dims, StepShape(batch=2, num_sms=4, attn_splits=2, posted_routing=routing,
+                                               posted_scores=scores), *w.intermediates())
+        step = runtime.build_step(sched, w, inp)
+        s = dict(zip(abi.STEP_FIELDS, step.step_table.tolist()))
+        keys = layout.score_post_words(dims, 2) if scores else 0
+        at = (sched.num_barriers + 1) // 2 * 2 + 2 * sched.route_post_words
+        assert sched.score_post_words == keys == (dims.num_layers * 2 * dims.num_experts if scores else 0)
+        assert step.barriers.numel() == at + keys and not step.barriers.any()
+        assert s["score_posts"] == (step.barriers.data_ptr() + 4 * at if scores else 0)
+        if scores:
+            view = runtime.score_posts(step)
+            assert view.shape == (dims.num_layers, 2, dims.num_experts)
+            assert view.data_ptr() == s["score_posts"]
+        else:
+            with pytest.raises(ValueError, match="no posted scores"):
+                runtime.score_posts(step)
+    topk = next(t for t in sched.tasks if t.op == abi.Op.ROUTER_TOPK)
+    record = {"flag": 1, "sm": topk.sm, "task_index": topk.index, "opcode": int(topk.op), "layer": topk.layer,
+              "barrier": abi.POSTED_SCORE_WAIT, "expected": 1, "seen": 37}
+    step.error.copy_(torch.tensor([record[f] for f in abi.ERROR_FIELDS], dtype=torch.int32))
+    with pytest.raises(runtime.MegakernelStallError,
+                       match=rf"task {topk.index} \(ROUTER_TOPK.* polled layer {topk.layer}'s posted scores of "
+                             rf"batch row 1: 37 of {dims.num_experts} posted"):
+        runtime.check(step)

@@ -89,7 +89,7 @@ def _recording_cache(gate=None, fail=()):
             self.dims = self.tiles = None
             self.shape = ("shape", batch)
             self.num_slots = self.combine_heads = self.num_tasks = self.num_barriers = batch
-            self.route_post_words = 0
+            self.route_post_words = self.score_post_words = 0
             self.sm_task_counts = (batch,)
 
         def encode(self):

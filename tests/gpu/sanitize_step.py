@@ -33,6 +33,8 @@ def main():
                     help="the expert tasks' producers route the layer themselves (StepShape.local_routing)")
     ap.add_argument("--posted-routing", action="store_true",
                     help="the top-k posts its work list and the expert tasks' producers poll it (StepShape.posted_routing)")
+    ap.add_argument("--posted-scores", action="store_true",
+                    help="the routers post their scores as keys and the top-k polls them (StepShape.posted_scores)")
     ap.add_argument("--stages-in-flight", type=int, default=0,
                     help="the producer's cap on stages in flight (StepShape.stages_in_flight; 0: the batch's default)")
     args = ap.parse_args()
@@ -52,6 +54,7 @@ def main():
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
                                            attn_splits=args.splits, local_routing=args.local_routing or None,
                                            posted_routing=args.posted_routing or None,
+                                           posted_scores=args.posted_scores or None,
                                            stages_in_flight=args.stages_in_flight),
                            *w.intermediates())
     if args.through:

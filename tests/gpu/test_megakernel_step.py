@@ -40,7 +40,7 @@ def compare(got, expected, live):
 def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16, seed=0, min_tiles=2,
              bulk_fill=False, expert_claims=True, deal="by_layer", o_within_down=0.0, tiles=(), combine_in_norm=None,
              qkv_batch_split=0, o_batch_split=0, local_routing=None, stages_in_flight=0, posted_routing=None,
-             o_prefetch=False):
+             o_prefetch=False, posted_scores=None):
     """``bulk_fill``: fill whole caches with random values at once instead of each request's history
     block by block (long contexts); slots past a history then hold finite values instead of NaN.
     ``combine_in_norm`` None and ``qkv_batch_split`` / ``o_batch_split`` 0 take the layout's choice for the batch (StepShape's)."""
@@ -65,7 +65,8 @@ def one_step(dims, weights, lengths, batch, splits=0, num_sms=132, block_size=16
                                            tiles=tiles, combine_in_norm=combine_in_norm,
                                            qkv_batch_split=qkv_batch_split, o_batch_split=o_batch_split,
                                            local_routing=local_routing, stages_in_flight=stages_in_flight,
-                                           posted_routing=posted_routing, o_prefetch=o_prefetch),
+                                           posted_routing=posted_routing, o_prefetch=o_prefetch,
+                                           posted_scores=posted_scores),
                            *weights.intermediates())
     step = runtime.build_step(sched, weights, mk_inp, route_log=True)
     got = runtime.run_step(step).clone()
@@ -254,6 +255,33 @@ def test_posted_routing_posts_the_top_ks_work_list_and_matches_its_step_bit_for_
     print(f"batch {batch}, posted routing: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal to the top-k's")
 
 
+@pytest.mark.parametrize("batch, lengths, routing", [(1, [8192], True), (3, [5000, 1], False),
+                                                     (8, [8192, 17, 4097, 2000, 1, 6000, 12], True)])
+def test_posted_scores_post_every_routers_keys_and_match_the_step_on_its_barrier_bit_for_bit(wide, batch, lengths,
+                                                                                          routing):
+    """StepShape.posted_scores: every ROUTER task also stores its scores as the top-k's ranking keys and the top-k
+    polls them instead of waiting on the router wave's barrier. The keys the step left in its barrier array are,
+    on every MoE layer and for every row (a padding row's too: the router scores it), the keys of the scores in
+    the workspace, none left unposted, and none on a dense layer; the step matches the reference replaying its
+    routing and is bit-equal to the same step without posted scores, with and without posted routing."""
+    from vllm_megakernel.megakernel import runtime
+
+    dims, w = wide
+    (cos, err), polled = one_step(dims, w, lengths, batch, 0, posted_routing=routing, posted_scores=True)
+    _, plain = one_step(dims, w, lengths, batch, 0, posted_routing=routing, posted_scores=False)
+    assert torch.equal(polled.view("out"), plain.view("out"))
+    keys = runtime.score_posts(polled).cpu()
+    scores = polled.workspace["scores"].view(dims.num_layers, batch, dims.num_experts).cpu()
+    bits = scores.view(torch.int32)
+    want = torch.where(scores >= 0, bits + 2, torch.ones_like(bits))  # topk::score_key
+    for layer in range(dims.num_layers):
+        if dims.dense[layer]:
+            assert not keys[layer].any(), f"layer {layer} is dense: nothing posted"
+        else:
+            assert torch.equal(keys[layer], want[layer]), f"layer {layer}"
+    print(f"batch {batch}, posted scores: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal to the barrier's")
+
+
 @pytest.mark.parametrize("local_routing", [False, True])
 @pytest.mark.parametrize("batch, lengths", [(1, [700]), (8, [8192, 17, 4097, 2000, 1, 6000, 12]),
                                            (4, [500, 500, 500, 500])])
@@ -399,14 +427,15 @@ def test_a_stalled_barrier_is_reported_not_hung(wide, victim_op):
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("batch, posted", [(2, False), (16, False), (2, True)])
+@pytest.mark.parametrize("batch, posted", [(2, False), (16, False), (2, True), (1, "scores")])
 def test_aborts_at_any_moment_are_reported_not_hung(wide, batch, posted):
     """Timeouts shorter than a correct step's own waits make the kernel abort wherever the first wait runs
     out, with stages and descriptors in flight on many SMs: the moment a consumer warp could give up on a
     stage another warp then sees land, and wait at a named barrier for it forever. Every launch must end
     (the test's own end is the check), those with timeouts of a few microseconds with a stall report (a
     layer's first tasks alone wait longer), and a correct step runs on the device afterwards. With posted
-    routing the expert tasks' producers give up in their polls of the top-k's words too."""
+    routing the expert tasks' producers give up in their polls of the top-k's words too, and with posted scores
+    (and posted routing: batch 1's default) the top-k's consumers in their polls of the routers' keys."""
     from vllm_megakernel.megakernel import runtime
     from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
     from vllm_megakernel.paged_kv import PagedKVSim
@@ -415,7 +444,8 @@ def test_aborts_at_any_moment_are_reported_not_hung(wide, batch, posted):
     sim = PagedKVSim(dims, num_requests=batch, max_len=2048, block_size=16, dtype=torch.bfloat16, device="cuda")
     sim.fill_history([1500] * batch, generator=torch.Generator().manual_seed(3))
     inp = sim.step(list(range(1, batch + 1)))
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132, posted_routing=posted), *w.intermediates())
+    shape = dict(posted_scores=True) if posted == "scores" else dict(posted_routing=posted)
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=132, **shape), *w.intermediates())
     stalled = []
     for timeout in [1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5] * 5:
         try:

@@ -21,12 +21,15 @@ import argparse
 import enum
 from pathlib import Path
 
-ABI_VERSION = 19
+ABI_VERSION = 20
 TASK_WORDS = 32
 NO_BARRIER = -1
 # A stall record's barrier when the wait that timed out was a producer's poll of a posted route word
 # (StepShape.posted_routing): its expected is the slot, its seen the layer's posted slot count (-1: not posted)
 POSTED_ROUTE_WAIT = -2
+# ... and when it was the top-k's poll of its layer's posted score keys (StepShape.posted_scores): its expected
+# is the batch row, its seen how many of the row's keys were posted
+POSTED_SCORE_WAIT = -3
 
 
 class Op(enum.IntEnum):
@@ -164,6 +167,11 @@ STEP_FIELDS = (
     # the posted route words (uint64 [num_layers][1 + num_slots]: the layer's routed slot count, then each
     # slot's; ROUTE_POST), in the step's barrier array, which the host zeroes before every launch
     "route_posts",
+    # the posted score keys (uint32 [num_layers][batch][num_experts], layout.score_post_words; 0: none, the
+    # step's posted_scores off): each ROUTER task also stores its scores as the top-k's ranking keys (a score's
+    # bits + 2, 1 for a NaN, so never 0), and the top-k polls its rows' keys instead of waiting on the router
+    # wave's barrier (schedule.StepShape's posted_scores); in the step's barrier array, after the route words
+    "score_posts",
     # model-wide weights
     "embed", "final_norm",
     # per-step inputs from vLLM's persistent buffers: int32 ids, int64 positions, int32 seq_lens
@@ -328,6 +336,7 @@ def render_header() -> str:
         f"constexpr int kTaskWords = {TASK_WORDS};",
         f"constexpr int kNoBarrier = {NO_BARRIER};",
         f"constexpr int kPostedRouteWait = {POSTED_ROUTE_WAIT};",
+        f"constexpr int kPostedScoreWait = {POSTED_SCORE_WAIT};",
         "",
         "enum Op : int {",
     ]

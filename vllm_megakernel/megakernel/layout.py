@@ -362,6 +362,25 @@ def route_offsets(dims, batch: int) -> dict[str, int]:
             "size": rows_end + dims.num_layers}
 
 
+def posted_scores_for(batch: int) -> bool:
+    """Whether each ROUTER task also posts its scores as the top-k's ranking keys and the top-k polls them
+    (schedule.StepShape's ``posted_scores``) instead of waiting on the router wave's barrier: the routing hop
+    loses the routers' fences and signals, the barrier's round trip and the top-k's second read of the scores.
+    On at batch 1 only. The kernel alone at 8K on an H100, outputs bit-equal, each process with an A/A control
+    (session AQ, benchmarks/results/h100-2026-12-06-session-aq, PERF_LOG #190): batch 1 -0.69% (rounds -1.89 ..
+    -0.51%, the control's -0.18 .. +0.41%) and -1.41% (-2.46 .. -1.25%; control -0.58 .. +0.19%) in two processes,
+    -0.7% in kernel_profile; batch 2 -0.27% with the top-k's barrier and -0.52% with posted routing, both inside
+    the control's rounds (-0.25 .. +2.51%). Not measured on an H200."""
+    return batch == 1
+
+
+def score_post_words(dims, batch: int) -> int:
+    """The posted score keys of a step (uint32, one a score: [num_layers][batch][num_experts]; StepShape.posted_scores),
+    in the step's barrier array after the posted route words, so that the host's zeroing of the barriers before
+    every launch clears them too: a key is never 0 (abi.STEP_FIELDS' ``score_posts``), so 0 is "not posted"."""
+    return dims.num_layers * batch * dims.num_experts
+
+
 def route_post_words(dims, batch: int) -> int:
     """The posted route words of a step (uint64, abi.ROUTE_POST): per layer its routed slot count, then one word
     per slot (StepShape.posted_routing). They live in the step's barrier array, after the barriers, so that the
@@ -400,8 +419,8 @@ def model_mismatches(dims, moe_intermediate: int, dense_intermediate: int) -> li
 
 __all__ = [
     "ATTN_TILE", "GemmTiles", "attn_live_splits_for", "attn_live_tasks_for", "attn_split_tiles", "attn_splits_for",
-    "combine_heads_for", "combine_place_for", "compiled_stage_rows", "local_routing_for", "posted_routing_for",
-    "route_post_words", "stages_in_flight_for",
+    "combine_heads_for", "combine_place_for", "compiled_stage_rows", "local_routing_for", "posted_routing_for", "posted_scores_for",
+    "route_post_words", "score_post_words", "stages_in_flight_for",
     "fold_norm", "gemm_tiles", "model_mismatches", "moe_slots", "padded_rows", "route_offsets", "rows_per_stage",
     "visible_range", "workspace_spec",
 ]

@@ -120,6 +120,17 @@ def route_posts(step: DeviceStep) -> torch.Tensor:
     return step.barriers[at:at + 2 * s.route_post_words].view(torch.int64).view(s.dims.num_layers, -1)
 
 
+def score_posts(step: DeviceStep) -> torch.Tensor:
+    """int32 [num_layers, batch, num_experts]: the score keys the last launch of a step with posted scores stored
+    (StepShape.posted_scores; a score's bits + 2, 1 for a NaN, 0 where none was posted), viewed from its barrier
+    array."""
+    s = step.schedule
+    if not s.score_post_words:
+        raise ValueError(f"the batch-{s.shape.batch} step has no posted scores")
+    at = _route_posts_at(s) + 2 * s.route_post_words
+    return step.barriers[at:at + s.score_post_words].view(s.dims.num_layers, s.shape.batch, -1)
+
+
 def check_kv_cache(cache: torch.Tensor, layer: int) -> None:
     """The kernel copies 16-token K/V tiles of every KV head with bulk copies: within a block, tokens and
     heads must be contiguous, and every stride a multiple of 16 bytes."""
@@ -179,9 +190,11 @@ def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: D
         raise ValueError(f"inputs have batch {ids.shape[0]}, schedule {B}")
     keep = [ids, positions, seq_lens]
     route = layout.route_offsets(dims, B)
-    # the barriers, then (posted routing) the posted route words (route_posts): launch() zeroes them all
+    # the barriers, then (posted routing) the posted route words (route_posts), then (posted scores) the score
+    # keys (score_posts): launch() zeroes them all
     posts_at = _route_posts_at(schedule)
-    barriers = torch.zeros(posts_at + 2 * schedule.route_post_words, dtype=torch.int32, device=dev)
+    scores_at = posts_at + 2 * schedule.route_post_words
+    barriers = torch.zeros(scores_at + schedule.score_post_words, dtype=torch.int32, device=dev)
 
     step = {
         "batch": B, "num_slots": schedule.num_slots, "block_size": inputs.kv_caches[0].shape[2],
@@ -194,6 +207,7 @@ def build_step(schedule: Schedule | EncodedSchedule, weights: Weights, inputs: D
         "rope_theta_f64": _f64_bits(dims.rope_theta), "timeout_ns": int(timeout_s * 1e9),
         "route_expert_off": route["expert"], "route_count_off": route["count"], "route_rows_off": route["rows"],
         "route_posts": _addr(barriers[posts_at:]) if schedule.route_post_words else 0,
+        "score_posts": _addr(barriers[scores_at:]) if schedule.score_post_words else 0,
         "embed": _addr(weights.embed), "final_norm": _addr(weights.final_norm),
         "input_ids": _addr(ids), "positions": _addr(positions), "seq_lens": _addr(seq_lens),
         **{name: _addr(t) for name, t in ws.items() if name != "route_log" or route_log},
@@ -273,6 +287,9 @@ def check(step: DeviceStep) -> None:
     if err["barrier"] == abi.POSTED_ROUTE_WAIT:
         seen = "not posted" if err["seen"] < 0 else f"{err['seen']} routed slots posted"
         waited = f"polled layer {err['layer']}'s posted route for slot {err['expected']}: {seen}"
+    elif err["barrier"] == abi.POSTED_SCORE_WAIT:
+        waited = (f"polled layer {err['layer']}'s posted scores of batch row {err['expected']}: {err['seen']} of "
+                  f"{s.dims.num_experts} posted")
     else:
         waited = (f"waited on barrier {err['barrier']} ({s.barrier_name(err['barrier'])}): expected "
                   f"{err['expected']}, saw {err['seen']}")

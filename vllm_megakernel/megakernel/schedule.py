@@ -143,7 +143,11 @@ class StepShape:
     polls its slot's word (``Task.load_post``) after waiting on the router wave, instead of waiting on the top-k's
     barrier and then reading the route buffer; the MoE combine waits on the top-k for its weights, as with local
     routing, under the same limits (layout.POSTED_ROUTING_MAX_BATCH rows, a MoE combine wave), and not with
-    local routing. ``stages_in_flight`` (0: layout.stages_in_flight_for the batch) caps the
+    local routing. ``posted_scores`` (None: layout.posted_scores_for the batch): every ROUTER task also stores its
+    scores as the top-k's ranking keys in the step's barrier array (layout.score_post_words), and the top-k polls
+    its rows' keys instead of waiting on the router wave's barrier (``Task.polls_inputs``); up to
+    layout.POSTED_ROUTING_MAX_BATCH rows, not with local routing (whose producers read the scores after the
+    router wave's barrier). ``stages_in_flight`` (0: layout.stages_in_flight_for the batch) caps the
     producer's stage-ring buffers in flight at once, 1 to layout.STAGES (the whole ring): a launch choice that
     changes when each SM's copies are issued, never what is computed. ``o_prefetch``: a producer that first
     reaches one of a MoE layer's routed places asks L2 for the weight rows of its SM's O projection places of the
@@ -173,6 +177,7 @@ class StepShape:
     combine_place: str | None = None
     local_routing: bool | None = None
     posted_routing: bool | None = None
+    posted_scores: bool | None = None
     stages_in_flight: int = 0
     o_prefetch: bool = False
 
@@ -228,6 +233,11 @@ class StepShape:
             raise ValueError(f"posted_routing: up to batch {layout.POSTED_ROUTING_MAX_BATCH} with a MoE combine wave, "
                              f"without local_routing (batch {self.batch}, combine_in_norm={self.combine_in_norm}, "
                              f"local_routing={self.local_routing})")
+        if self.posted_scores is None:
+            object.__setattr__(self, "posted_scores", layout.posted_scores_for(self.batch) and not self.local_routing)
+        if self.posted_scores and (self.batch > layout.POSTED_ROUTING_MAX_BATCH or self.local_routing):
+            raise ValueError(f"posted_scores: up to batch {layout.POSTED_ROUTING_MAX_BATCH}, without local_routing "
+                             f"(batch {self.batch}, local_routing={self.local_routing})")
         if self.stages_in_flight == 0:
             object.__setattr__(self, "stages_in_flight", layout.stages_in_flight_for(self.batch))
         if not 1 <= self.stages_in_flight <= layout.STAGES:
@@ -278,6 +288,12 @@ class Task:
     # descriptor (StepShape.posted_routing: the layer's top-k); -1: none. A flag in the data, not a barrier:
     # it orders the posted words alone (simulate.check_races), and the kernel derives it from the layer
     load_post: int = -1
+    # the consumers poll the inputs' own posted words instead of waiting on ``waits`` (the top-k under
+    # StepShape.posted_scores: the router wave's score keys, each a flag of its own); the kernel skips the waits
+    # of such a task and its body polls. Seeing every word posted is seeing every writer of ``waits`` finished
+    # with them, so the simulator runs the task after its waits as ever; but a poll orders only the words it
+    # read, so it passes on to the tasks after it only what it knew before them (simulate.HappensBefore)
+    polls_inputs: bool = False
 
     @property
     def claim(self) -> int:
@@ -391,6 +407,11 @@ class Schedule:
         return layout.route_post_words(self.dims, self.shape.batch) if self.shape.posted_routing else 0
 
     @property
+    def score_post_words(self) -> int:
+        """uint32 words the posted scores need after the route words (layout.score_post_words); 0 without them."""
+        return layout.score_post_words(self.dims, self.shape.batch) if self.shape.posted_scores else 0
+
+    @property
     def sm_task_counts(self) -> tuple[int, ...]:
         return tuple(len(lst) for lst in self.sm_tasks)
 
@@ -410,7 +431,7 @@ class EncodedSchedule:
         self.num_slots, self.combine_heads = sched.num_slots, sched.combine_heads
         self.num_tasks, self.num_barriers, self.sm_task_counts = sched.num_tasks, sched.num_barriers, \
             sched.sm_task_counts
-        self.route_post_words = sched.route_post_words
+        self.route_post_words, self.score_post_words = sched.route_post_words, sched.score_post_words
         self._rebuild = rebuild
         self._full: Schedule | None = None
 
@@ -452,9 +473,9 @@ class _Builder:
         return len(self.barriers) - 1
 
     def task(self, op: Op, layer: int, wave: str, waits=(), signal=NO_BARRIER, reads=(), writes=(),
-             load_wait=NO_BARRIER, load_post=-1, **fields: int) -> None:
+             load_wait=NO_BARRIER, load_post=-1, polls_inputs=False, **fields: int) -> None:
         self.tasks.append(Task(len(self.tasks), op, layer, wave, fields, tuple(waits), signal,
-                               tuple(reads), tuple(writes), load_wait, load_post=load_post))
+                               tuple(reads), tuple(writes), load_wait, load_post=load_post, polls_inputs=polls_inputs))
 
 
 def _batch_slices(batch: int, k: int) -> list[tuple[int, int]]:
@@ -567,7 +588,7 @@ def build_schedule(dims: ModelDims, shape: StepShape, moe_intermediate: int,
             # the down wave's barrier, made up by the top-k for the dead slots' skipped tiles (abi.py)
             bar["down"] = b.barrier(f"{L}.moe_down")
             b.task(Op.ROUTER_TOPK, layer, "router_topk", waits=(bar["router"],), signal=bar["route"],
-                   reads=(("scores", layer),),
+                   polls_inputs=shape.posted_scores, reads=(("scores", layer),),
                    writes=(("route",), ("topk_w",)) + (((POSTED_ROUTES, layer),) if shape.posted_routing else ()),
                    down_barrier=bar["down"], down_tiles=layout.slot_tiles(H, tiles.moe_down_rows))
             posting["topk"] = len(b.tasks) - 1 if shape.posted_routing else -1

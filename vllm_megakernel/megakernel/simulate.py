@@ -320,7 +320,9 @@ class HappensBefore:
     A task whose opcode waits only when it has work (``Task.waits_only_if_work``: the kernel skips the
     input waits of a task with nothing to do, and such a task touches nothing) orders its own accesses
     after its waits, but passes on to the tasks after it on its SM, and to the waiters on its signal, only
-    what it knew before its waits: on a step where it has no work it never waited. Except where all of a
+    what it knew before its waits: on a step where it has no work it never waited. So does a task that polls its
+    inputs' own posted words instead of waiting (``Task.polls_inputs``): each poll orders the word it read and
+    nothing else its writer wrote. Except where all of a
     barrier's signallers are a layer's attention splits: a step has at least one live request (vLLM's dummy
     runs too: their sequence lengths are at least 1), whose split holding its newest token has work, so one
     of them waited, and the waiter knows at least what the least informed of them knew after its waits. Without that, every task after the attention
@@ -356,7 +358,8 @@ class HappensBefore:
                 signallers[t.fields["down_barrier"]].append(t.index)
         self.clock = np.zeros((len(schedule.tasks), n_sm), dtype=np.int32)
         passed = self.clock  # what a task passes on; a separate array only where it differs
-        if any(t.waits_only_if_work for t in schedule.tasks):
+        keeps_waits = [not (t.waits_only_if_work or t.polls_inputs) for t in schedule.tasks]
+        if not all(keeps_waits):
             passed = np.zeros_like(self.clock)
         joins: dict[int, np.ndarray] = {}
         for i in ran:  # a topological order
@@ -381,7 +384,7 @@ class HappensBefore:
                         np.maximum(j, least, out=j)
                     joins[b] = j
                 np.maximum(c, joins[b], out=c)
-            if passed is not self.clock and not schedule.tasks[i].waits_only_if_work:
+            if passed is not self.clock and keeps_waits[i]:
                 passed[i] = c
 
     def ordered(self, a: int, b: int) -> bool:

@@ -6,9 +6,13 @@ and level: the decode steps' mean ITL, the interruptions' time spread over every
 decode step of the sweep in this folder at the same batch and 8K (1000 / its median per-request tok/s)."""
 import json
 import statistics as st
+import tarfile
 from pathlib import Path
 
 here = Path(__file__).parent
+# the bench files were packed into serve-8192/bench.tar.xz in session AQ (the tree that travels to the GPU host)
+with tarfile.open(here / "serve-8192/bench.tar.xz") as tar:
+    benches = {m.name: json.load(tar.extractfile(m)) for m in tar.getmembers()}
 cases = json.loads((here / "sweep-b1-8/sweep/results.json").read_text())["cases"]
 sweep_ms = {(c["side"], c["batch"]): 1000 / st.median(c["per_request_tok_s"]) for c in cases if c["status"] == "ok"}
 print("| concurrency | side | decode-step ITL mean ms | sweep step ms | interruptions | interruption ms a token | "
@@ -16,7 +20,7 @@ print("| concurrency | side | decode-step ITL mean ms | sweep step ms | interrup
 print("|---|---|---|---|---|---|---|")
 for c in (1, 4, 8, 32):
     for side in ("stock", "megakernel"):
-        bench = json.loads((here / f"serve-8192/bench-{side}-c{c}.json").read_text())
+        bench = benches[f"bench-{side}-c{c}.json"]
         itls = [1000 * x for r in bench["itls"] for x in r]
         med = st.median(itls)
         decode = [x for x in itls if x < 3 * med]
