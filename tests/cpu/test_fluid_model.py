@@ -55,23 +55,28 @@ def test_scaling_the_bandwidth_needs_the_fluid_model():
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_every_task_runs_after_its_inputs_and_its_bytes_take_their_time(dims, batch):
-    """The whole step finishes; each task starts no earlier than its barriers' completion and ends no earlier
-    than its fixed costs and its bytes at the consumers' stage pace allow; an attention split past its request's
-    keys streams nothing and takes no time."""
+    """The whole step finishes; each task starts no earlier than its barriers' completion (a task that polls its
+    inputs' words: than their writers' bodies' end; batch 1's top-k under posted scores) and ends no earlier than its
+    fixed costs and its bytes at the consumers' stage pace allow; an attention split past its request's keys streams
+    nothing and takes no time."""
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=6, attn_splits=4), TINY_I, TINY_DENSE_I)
     seq = [40 + 17 * r for r in range(batch)]
     nbytes = fluid.task_bytes(sched, seq, TINY_I, TINY_DENSE_I)
     costs = costs_for(sched)
     timed = fluid.fluid_timeline(sched, costs, nbytes, stage_us=0.4, dt_us=0.01)
     assert all(not math.isnan(timed.start[t.index]) for t in sched.tasks)
-    signals = {}  # a barrier's signals: each signaller's end plus its wave's tail
+    signals, bodies = {}, {}  # a barrier's signals: each signaller's end plus its wave's tail; and the ends alone
     for t in sched.tasks:
         if t.signal >= 0:
             signals.setdefault(t.signal, []).append(timed.end[t.index] + costs[t.wave].tail_us)
+            bodies.setdefault(t.signal, []).append(timed.end[t.index])
+    assert any(t.polls_inputs for t in sched.tasks) == (batch == 1)
     for t in sched.tasks:
         s, e, c = timed.start[t.index], timed.end[t.index], costs[t.wave]
         for b in t.waits:
-            if not (t.waits_only_if_work and nbytes[t.index] == 0):
+            if t.polls_inputs:
+                assert s >= max(bodies[b]) + 0.7 - 1e-6, t.describe()  # the last writer's body, then the hop
+            elif not (t.waits_only_if_work and nbytes[t.index] == 0):
                 assert s >= max(signals[b]) + 0.7 - 1e-6, t.describe()  # the last signal, then the hop
         if t.op == Op.ATTN_PARTIAL and nbytes[t.index] == 0:
             assert e == s
@@ -128,7 +133,29 @@ def test_under_posted_routing_the_experts_wait_for_the_top_k_selection(dims):
             assert timed.start[t.index] >= chosen + 0.7 - 1e-6, t.describe()
 
 
-@pytest.mark.parametrize("shape", [dict(), dict(posted_routing=True), dict(local_routing=True)])
+def test_under_posted_scores_the_top_k_starts_on_the_routers_bodies_not_their_signals(dims):
+    """Posted scores: the top-k polls the routers' keys, which are in once every router's body ended, so with long
+    router tails it starts a hop after the last router's body ends and before that router's signal lands; without
+    posted scores it waits for the signal."""
+    costs = None
+    for polled in (False, True):
+        sched = build_schedule(dims, StepShape(batch=1, num_sms=6, attn_splits=4, posted_routing=True,
+                                               posted_scores=polled), TINY_I, TINY_DENSE_I)
+        costs = costs or costs_for(sched)
+        costs["router"] = fluid.WaveCost(inputs_us=0.5, stage_work_us=0.5, finish_us=0.2, tail_us=5.0)
+        nbytes = fluid.task_bytes(sched, [40], TINY_I, TINY_DENSE_I)
+        timed = fluid.fluid_timeline(sched, costs, nbytes, hop_us=0.7, dt_us=0.02)
+        for topk in (t for t in sched.tasks if t.op == Op.ROUTER_TOPK):
+            bodies = max(timed.end[t.index] for t in sched.tasks if t.op == Op.ROUTER and t.layer == topk.layer)
+            began = timed.start[topk.index]
+            if polled:
+                assert bodies + 0.7 - 1e-6 <= began < bodies + 5.0, topk.describe()
+            else:
+                assert began >= bodies + 5.0 + 0.7 - 1e-6, topk.describe()
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(posted_routing=True), dict(local_routing=True),
+                                   dict(posted_routing=True, posted_scores=True)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_critical_path_of_any_fluid_run_sums_to_the_period(dims, shape, seed):
     """Random per-wave costs, bytes and model parameters, in three schedule shapes: trace.critical_path's parts of

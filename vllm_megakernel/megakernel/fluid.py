@@ -10,7 +10,9 @@ what a change of task sizes, bytes in flight or overlap does. Here each SM has t
   skipped once its routing is known, and so are the SM's later places of that wave without a claim (the kernel's
   exhausted claim counter); under posted routing the producer also waits for the top-k's selection (its words);
 - consumers that start a task once the SM's previous task is done (plus ``gap_us``) and its barriers have
-  completed (plus ``hop_us``), spend the wave's measured inputs phase, then take the task's bytes as they land,
+  completed (plus ``hop_us``; a task that polls its inputs' own words, ``Task.polls_inputs``, once the barrier's
+  last signaller finished its body, without its tail), spend the wave's measured inputs phase, then take the task's
+  bytes as they land,
   no faster than one 32 KB stage per stage_us (freeing the ring), then the rest of the body, and signal
   ``tail_us`` after the body's end while the SM goes on (the signaller warp).
 
@@ -149,16 +151,21 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
     done_at = [math.inf] * len(schedule.barriers)  # when each barrier completed
     targets = [b.target for b in schedule.barriers]
     last_signal = [0.0] * len(schedule.barriers)
+    # when each barrier's last signaller finished its body (before its tail): a task that polls its inputs' own
+    # words (Task.polls_inputs: the top-k under posted scores) sees them then, without the signals' tails
+    written_at = [math.inf] * len(schedule.barriers)
+    last_written = [0.0] * len(schedule.barriers)
 
-    def signal(b: int, at: float) -> None:
+    def signal(b: int, at: float, written: float) -> None:
         counts[b] += 1
         last_signal[b] = max(last_signal[b], at)
+        last_written[b] = max(last_written[b], written)
         if counts[b] == targets[b]:
-            done_at[b] = last_signal[b]
+            done_at[b], written_at[b] = last_signal[b], last_written[b]
 
     for i in dead:  # the top-k makes up the dead slots' down tiles; nothing live waits on their up/gate tiles
         if tasks[i].signal != NO_BARRIER:
-            signal(tasks[i].signal, 0.0)
+            signal(tasks[i].signal, 0.0, 0.0)
 
     lists = [list(lst) for lst in schedule.sm_tasks]
     resolved = [[tasks[i].claim == NO_BARRIER for i in lst] for lst in lists]
@@ -255,14 +262,14 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
                 waits = t.waits if (not t.waits_only_if_work or worked(t)) else ()
                 if t.op in ROUTED_OPS and t.load_wait != NO_BARRIER:
                     waits = tuple(waits) + (t.load_wait,)
-                if any(done_at[b] + hop_us > now for b in waits):
+                if any((written_at[b] if t.polls_inputs else done_at[b]) + hop_us > now for b in waits):
                     continue
                 start[i] = now
                 if t.waits_only_if_work and not worked(t):
                     end[i] = now
                     free_at[sm] = now + gap_us
                     if t.signal != NO_BARRIER:
-                        signal(t.signal, now + c.tail_us)
+                        signal(t.signal, now + c.tail_us, now)
                     cpc[sm] += 1
                     remaining -= 1
                     continue
@@ -281,7 +288,7 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
                 end[i] = now
                 free_at[sm] = now + gap_us
                 if t.signal != NO_BARRIER:
-                    signal(t.signal, now + c.tail_us)
+                    signal(t.signal, now + c.tail_us, now)
                 cstate[sm] = "idle"
                 cpc[sm] += 1
                 remaining -= 1

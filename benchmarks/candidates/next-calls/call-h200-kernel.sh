@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Next H200 session, the kernel alone (no vLLM, no stash calls; carry vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
-# built from main; .sanitizer/ with the nvidia-cuda-sanitizer-api 13.5.25 wheel is optional now). Session AO landed the
-# input look-ahead lane (d6dbc4b, PERF_LOG #183) on an H200 and measured posted routing off at batch 1 -0.77% against
-# the control there (#184: it pays on the H100 only); session AP fixed the lane's synccheck failure (c82ba63, #186).
-# The control runs ~0.6% above main in this harness (#186): compare nopr and sif3 with main and with the control.
-# (0) compute-sanitizer's three tools on the 5-layer 4500-7-pad step (skipped with a message if .sanitizer/ was not
-#     carried: session AP ran them on the H100 on c82ba63's kernel, 3 passed);
-# (1) `benchmarks.ab.interleaved` at batch 1, 12 rounds, one process with an A/A control: main (posted routing on)
-#     against nopr (posted_routing=0) and sif3 (stages_in_flight=3; batch 1's cap of 2 was chosen before the acquire
-#     loads and the look-ahead); batch 2: pr (posted_routing=1) as a check that it still does nothing there;
+# built from main; .sanitizer/ with the nvidia-cuda-sanitizer-api 13.5.25 wheel is optional). Session AQ shortened
+# batch 1's routing chain on an H100: the top-k's early post (9a53a94, PERF_LOG #189) and posted scores (3a3a8fd,
+# ABI 20, #190; on at batch 1), both under main's default posted routing; none of it has run on an H200, where session
+# AO measured posted routing off at batch 1 -0.77% against the control (#184, before both changes).
+# The control runs up to ~0.6% from main in this harness (#186, #188): compare with main and with the control.
+# (0) compute-sanitizer's three tools on the batch-1 posted-scores case (skipped with a message if .sanitizer/ was not
+#     carried: session AQ ran them on the H100, 3 passed);
+# (1) `benchmarks.ab.interleaved` at batch 1, 12 rounds, one process with an A/A control: main (posted routing and
+#     posted scores on) against nops (posted_scores=0), nopr (posted_routing=0, posted scores still on) and u48
+#     (moe_up_cols=48); batch 2: ps (posted_scores=1) and pspr (both on), undecided on the H100 (#190);
 # (2) kernel_profile at batch 1, 8 and 64, default schedule (issue #10's table). Batch 64 at 8K needs the H200's
 #     memory: on an H100 kernel_profile leaves it out and says why.
-# If nopr is below main in most rounds again (#184: 8 of 10 below the control), turn posted routing off at batch 1 on the H200
-# (`layout.posted_routing_for`; the H100 measured it -1 to -2%, so it needs the GPU in its choice or a per-GPU default).
+# Predictions (#191): nops +1 to +2.5% at batch 1 (the routing chain passed ~half of a delay to the H200's step, #116);
+# nopr within +-1%; ps at batch 2 -0.5 to +0.5%.
 # `bash call-h200-kernel.sh [SECONDS]` (default 560; later stages are skipped on time). Results in $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -34,13 +35,13 @@ run() {  # NAME BATCH SECONDS NAME=SCHEDULE...: one process, main against each s
 if ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl > /dev/null 2>&1; then
   cs=$(bash benchmarks/candidates/next-calls/sanitizer-from-wheel.sh)
   COMPUTE_SANITIZER=$cs timeout -k 5 240 python3 -m pytest -v -rA -p no:cacheprovider --durations=6 \
-    tests/gpu/test_sanitizer.py -k "4500-7-pad]" > $res/sanitizer.txt 2>&1
+    tests/gpu/test_sanitizer.py -k "4500-batch-1-posted-scores]" > $res/sanitizer.txt 2>&1
   stamp sanitizer $?; tail -1 $res/sanitizer.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer.txt
 else
   echo "sanitizer: skipped, .sanitizer/ was not carried"
 fi
-run b1 1 120 nopr=posted_routing=0 sif3=stages_in_flight=3
-run b2 2 55 pr=posted_routing=1
+run b1 1 130 nops=posted_scores=0 nopr=posted_routing=0 u48=moe_up_cols=48
+run b2 2 75 ps=posted_scores=1 pspr=posted_scores=1,posted_routing=1
 if [ $(left) -gt 60 ]; then
   schedules="default"
   # kernel_profile rewrites report.md after each row, so a timeout keeps the rows it finished
