@@ -91,6 +91,35 @@ def modelled_records(sched, durations, hop_us, tail_us=0.0):
     return rec, timed
 
 
+def test_a_polling_tasks_early_body_start_changes_no_wave_figure_and_the_path_goes_through_its_poll(dims):
+    """Batch 1's top-k polls the routers' keys (posted scores, Task.polls_inputs): its body starts long before its
+    inputs are in, and its inputs mark is where the poll ended. trace.task_fields takes that mark as its run start,
+    so moving the body's start earlier (the inputs mark kept) changes no wave's run, wait or span in summarize, no
+    hop in layer_hops (which leaves polling tasks out) and no part of the critical path, whose edge into the top-k
+    is "polled from router"."""
+    sched = build_schedule(dims, StepShape(batch=1, num_sms=6, attn_splits=2), TINY_I, TINY_DENSE_I)
+    polling = [t.index for t in sched.tasks if t.polls_inputs]
+    assert polling and all(sched.tasks[i].op == abi.Op.ROUTER_TOPK for i in polling)
+    waves = sorted({t.wave for t in sched.tasks})
+    durations = {w: 1.0 + 0.1 * i for i, w in enumerate(waves)}
+    durations["router"] = 6.0  # the top-k's SM is free long before the routers' keys are in
+    rec, _ = modelled_records(sched, durations, hop_us=0.5, tail_us=0.2)
+    col = {n: abi.TRACE_FIELDS.index(n) for n in abi.TRACE_FIELDS}
+    for i in range(len(sched.tasks)):  # every task marks its inputs 0.1 us into its run and its stages at its end
+        if rec[i, col["end_ns"]]:
+            rec[i, col["inputs_ns"]] = rec[i, col["run_start_ns"]] + 100
+            rec[i, col["stages_ns"]] = rec[i, col["compute_end_ns"]]
+    early = rec.clone()
+    early[polling, col["run_start_ns"]] = early[polling, col["wait_start_ns"]]  # the body began with its wait
+    layers = trace.middle_moe_layers(dims)
+    assert trace.summarize(sched, early) == trace.summarize(sched, rec)
+    assert trace.layer_hops(sched, early, layers) == trace.layer_hops(sched, rec, layers)
+    assert all(h.waiter != "router_topk" for h in trace.layer_hops(sched, rec, layers))
+    p, q = trace.critical_path(sched, early, layers), trace.critical_path(sched, rec, layers)
+    assert p == q and any(r.kind == "polled from router" for r in p.parts), p
+    assert sum(r.us for r in p.parts) == pytest.approx(p.period_us, abs=1e-6)
+
+
 def test_critical_path_follows_what_held_each_task_back_to_the_previous_layers_last_write(dims):
     """A schedule run by the timing model (every task its wave's time, a signal starting a blocked task one hop
     later, an SM's next task one hop after its last): critical_path's parts of each layer sum to its period (the
@@ -112,10 +141,12 @@ def test_critical_path_follows_what_held_each_task_back_to_the_previous_layers_l
         assert own.layers == len(layers) and own.us >= 20.0 - 0.2 - 1e-6, p  # a task's run ends at its compute end
         assert all(slow in c for c, _ in p.chains)
         # each walked edge is whole: a hop is the model's (signal -> start), a tail the compute end -> signal, a
-        # queue the gap after the SM's previous task plus that task's tail (its SM was free at its signal)
+        # queue the gap after the SM's previous task plus that task's tail (its SM was free at its signal); batch 1's
+        # top-k polls the routers' keys (posted scores), and this model starts it on their signals: a "polled from"
+        # edge is a body's end -> the poller's start, the tail and the hop
         unit = {"tail": 0.2, "queued": 0.7}
         for r in p.parts:
-            u = 0.5 if r.kind.startswith("hop from") else unit.get(r.kind)
+            u = 0.5 if r.kind.startswith("hop from") else 0.7 if r.kind.startswith("polled from") else unit.get(r.kind)
             assert r.kind == "run" or u, r
             if u:
                 per = r.us * len(layers) / r.layers

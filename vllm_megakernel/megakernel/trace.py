@@ -68,6 +68,23 @@ def record_fields(records: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.
     return rec, {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
 
 
+def task_fields(schedule: Schedule, records: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """record_fields, with the run start of a task that polls its inputs' own words (``Task.polls_inputs``: the
+    top-k under posted scores) moved to its inputs mark. Such a task's body begins before its inputs are in and the
+    poll is its wait: from where the poll ended its wait, run, span and place on a critical path read as those of a
+    task that waited on its barriers do (the kernel's run start is after the waits)."""
+    rec, f = record_fields(records)
+    polled = [t.index for t in schedule.tasks if t.polls_inputs]
+    if not polled:
+        return rec, f
+    rec = rec.clone()  # record_fields may hand back the caller's own tensor
+    col = abi.TRACE_FIELDS.index("run_start_ns")
+    idx = torch.tensor(polled)
+    marks = rec[idx, abi.TRACE_FIELDS.index("inputs_ns")]
+    rec[idx, col] = torch.where(marks > 0, marks, rec[idx, col])
+    return rec, {name: rec[:, i] for i, name in enumerate(abi.TRACE_FIELDS)}
+
+
 def ran_tasks(schedule: Schedule, records: torch.Tensor) -> torch.Tensor:
     """bool [num_tasks]: the tasks that ran and left a record. Only an expert task may have none (a dead
     slot's, which the producer skips: abi.py's routed descriptors); any other missing record means the
@@ -107,7 +124,7 @@ def wave_physical_sms(schedule: Schedule, records: torch.Tensor, layer: int, wav
 
 def summarize(schedule: Schedule, records: torch.Tensor) -> tuple[float, list[WaveTime]]:
     """(step wall time in us, per-wave rows in step order) from a [num_tasks, TRACE_FIELDS] record tensor."""
-    rec, f = record_fields(records)
+    rec, f = task_fields(schedule, records)
     ran = ran_tasks(schedule, rec)
     t0, t1 = int(f["wait_start_ns"][ran].min()), int(f["end_ns"][ran].max())
     step_us = (t1 - t0) / 1e3
@@ -183,7 +200,7 @@ def layer_timeline(schedule: Schedule, records: torch.Tensor, layers) -> tuple[f
     """(median start of the next layer, per-wave rows in step order) for ``layers`` (each needs a next
     layer): every time is relative to the start of the layer's first task, and the median over the
     layers. A layer's waves overlap, so this shows which one ends last and what waited behind what."""
-    rec, f = record_fields(records)
+    rec, f = task_fields(schedule, records)
     run, end = f["run_start_ns"], f["end_ns"]
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     waves = list(by_layer[layers[0]])
@@ -236,7 +253,7 @@ def layer_phases(schedule: Schedule, records: torch.Tensor, layers) -> LayerPhas
     boundary holds the hand-over (fence, signal, poll). The chain starts at the router's inputs mark, the run start
     where a task has no mark: where the norm is folded (batch < 16) its rows normed and staged; where the norm runs
     as a wave the mark follows hn's read, a little after the run start, and the boundary holds the norm wave."""
-    rec, f = record_fields(records)
+    rec, f = task_fields(schedule, records)
     run, written, inputs = f["run_start_ns"], f["compute_end_ns"].tolist(), f["inputs_ns"]
     by_layer = _ran_by_layer(schedule, rec)
 
@@ -297,7 +314,10 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
       the dependency check that found the inputs done) and on to that previous task;
     - a routed task under posted routing (its ``load_post``): when the top-k's compute end (its words were
       posted before it) came after both its SM was free and its barriers' last signal, ``posted from <wave>``
-      (that compute end -> the run start: the producer's polls) and on to the top-k.
+      (that compute end -> the run start: the producer's polls) and on to the top-k;
+    - a task that polls its inputs' own words (``Task.polls_inputs``; its run start is where its poll ended,
+      :func:`task_fields`): when the last of their writers' bodies ended after its SM was free, ``polled from
+      <wave>`` (that body's end -> the run start) and on to that writer.
 
     A task whose SM had nothing before it and none of whose inputs ran gives the rest of the period as its
     ``start``. A task's own time is ``inputs`` / ``stages`` / ``finish`` by its marks (:func:`summarize`'s phases;
@@ -307,13 +327,14 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
     that they still sum to the mean period). ``chains``: the path's waves in time order, ``>`` a signal edge,
     ``~`` a task run after the one before it on the same SM (``wave xN``: N tasks of a wave so in a row), the
     ``top`` most frequent with their layer counts."""
-    rec, f = record_fields(records)
+    rec, f = task_fields(schedule, records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     sm, end, done, run0, inputs, stages = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns",
                                                                     "inputs_ns", "stages_ns"))
     ran = ran_tasks(schedule, rec).tolist()
     staged = _staged(f).tolist()
     last = _last_signallers(schedule, ran, end)  # barrier -> its signaller that signalled last
+    written = _last_signallers(schedule, ran, done)  # barrier -> its signaller whose body ended last
     previous = {b: a for ix in _sm_run_order(schedule, ran, sm, run0) for a, b in zip(ix, ix[1:])}
 
     def last_write(layer: int) -> int:
@@ -359,7 +380,13 @@ def critical_path(schedule: Schedule, records: torch.Tensor, layers, top: int = 
                     break
             if reached:
                 break
-            if post is not None and done[post] > max(ready, end[sig] if sig is not None else 0):
+            # posted scores: the task polled its inputs' words, which were in once their writers' bodies ended
+            polled = max((written[b] for b in set(t.waits) if b in written), key=lambda i: done[i], default=None) \
+                if t.polls_inputs else None
+            if polled is not None and done[polled] > ready:
+                reached = add(t.wave, f"polled from {schedule.tasks[polled].wave}", done[polled])
+                cur, edge = polled, " > "
+            elif post is not None and done[post] > max(ready, end[sig] if sig is not None else 0):
                 reached = add(t.wave, f"posted from {schedule.tasks[post].wave}", done[post])
                 cur, edge = post, " > "
             elif sig is not None and end[sig] > ready:
@@ -434,7 +461,7 @@ def layer_ends(schedule: Schedule, records: torch.Tensor, layers) -> tuple[dict[
     the last one had finished their last task of the layer, and when the next layer's first task ran,
     medians over ``layers``; per-wave rows for those last tasks, most SMs first). Times as in
     :func:`layer_timeline`; an SM with no task in a layer does not count for it."""
-    rec, f = record_fields(records)
+    rec, f = task_fields(schedule, records)
     by_wave, layers = _tasks_by_layer(schedule, rec, layers)
     by_layer = {layer: [i for ix in waves.values() for i in ix] for layer, waves in by_wave.items()}
     marks: dict[str, list[float]] = defaultdict(list)
@@ -534,7 +561,7 @@ def task_bytes(schedule: Schedule, records: torch.Tensor, bytes_of) -> torch.Ten
     """Each task's share of the bytes its wave moves in its layer (``bytes_of(wave, layer)``; None or 0 for a wave
     that moves none), shared equally among the wave's tasks of that layer that ran a stage phase (inputs and
     stages marked: a skipped expert tile or an empty attention split takes none); 0 for every other task."""
-    _, f = record_fields(records)
+    _, f = task_fields(schedule, records)
     staged = _staged(f).tolist()
     groups: dict[tuple[str, int], list[int]] = defaultdict(list)
     for t in schedule.tasks:
@@ -567,7 +594,7 @@ def layer_activity(schedule: Schedule, records: torch.Tensor, layers, nbytes: to
     ``nbytes`` each task's bytes (:func:`task_bytes`). A task's bytes are counted while its consumers take them,
     from its activation rows being staged to its last stage consumed; HBM moved them earlier (the producer runs
     ahead), so a stretch's rate is a consumption rate."""
-    rec, f = record_fields(records)
+    rec, f = task_fields(schedule, records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     idx = ran_tasks(schedule, rec).nonzero().flatten()
     # Every time from here on is float64 ns after the step's first wait. The records are globaltimer stamps
@@ -662,8 +689,9 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
     task's consumers done), the task was blocked on it: the time from that end to the task's run start is the
     signal's path (the red to L2, the polls, the acquire, the consumers' hand-over; for a routed task also its
     producer's reads of the route words). A producer's other waits (an attention split's new token) are not
-    seen by the consumers' stamps and are left out. Most waits first."""
-    rec, f = record_fields(records)
+    seen by the consumers' stamps and are left out, and so is a task that polled its inputs' words instead of
+    waiting on a signal (``Task.polls_inputs``). Most waits first."""
+    rec, f = task_fields(schedule, records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     sm, end, done, run0 = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns"))
     ran = ran_tasks(schedule, rec).tolist()
@@ -676,8 +704,8 @@ def layer_hops(schedule: Schedule, records: torch.Tensor, layers) -> list[Hop]:
         for ix in by_layer[layer].values():
             for i in ix:
                 t = schedule.tasks[i]
-                if t.waits_only_if_work and not staged[i]:
-                    continue  # nothing to do on this step: it did not wait
+                if t.waits_only_if_work and not staged[i] or t.polls_inputs:
+                    continue  # nothing to do on this step: it did not wait; or it polled its inputs, not a signal
                 barriers = t.waits + ((t.load_wait,) if t.op in abi.ROUTED_OPS else ())
                 seen = [last[b] for b in set(barriers) if b in last]
                 if not seen:
@@ -710,7 +738,7 @@ def input_checks(schedule: Schedule, records: torch.Tensor, layers, lead_ns: int
     cached on the SM); one it has not costs an acquire poll (`ld.acquire.gpu`, one L2 round trip; before session
     AD a relaxed poll and a fence, which waited for the SM's copies in flight). A task that waits only if it has work and had none is left out, and so is one with a
     waited barrier that no task signalled. Most checks first."""
-    rec, f = record_fields(records)
+    rec, f = task_fields(schedule, records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     end, wait0, run0 = (f[n].tolist() for n in ("end_ns", "wait_start_ns", "run_start_ns"))
     ran = ran_tasks(schedule, rec).tolist()
@@ -756,7 +784,7 @@ def signal_tails(schedule: Schedule, records: torch.Tensor, layers) -> list[Tail
     ``fence.acq_rel.gpu``), over the tasks of ``layers`` that have a next task on their SM, grouped by (wave,
     the next task's wave): a fence that waits behind its SM's in-flight copies shows as a longer tail where the
     SM's producer streams the tasks after it (PERF_LOG #133). Most tasks first."""
-    rec, f = record_fields(records)
+    rec, f = task_fields(schedule, records)
     by_layer, layers = _tasks_by_layer(schedule, rec, layers)
     sm, end, done, run0 = (f[n].tolist() for n in ("sm", "end_ns", "compute_end_ns", "run_start_ns"))
     ran = ran_tasks(schedule, rec).tolist()
