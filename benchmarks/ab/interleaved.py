@@ -38,6 +38,13 @@ for a code change; a variant within it has not shown a change. (A variant naming
 module, so it measured round-to-round noise only: session S's "base2".) Between processes batch 1 has moved
 more than within one: session T's three runs of one comparison gave -2.77 / -3.32 / -3.94%, each with a range
 over rounds narrower than that spread.
+
+``--copies K`` loads every extension file K times, each copy a module of its own (its code placed anew), and times
+every copy in every round: a variant's round value is the median over its copies' round medians. Where each module's
+code lands moved a build's step by up to ~0.6% against a second module of the same file (the control, PERF_LOG #186,
+#188), and a variant's change between two processes by more than a point (#189: -1.62 / -0.22%); a median over
+placements is what a change of the code itself should be judged by. Every copy's output must equal its first copy's
+bit for bit (the same build on the same step).
 """
 
 from __future__ import annotations
@@ -104,6 +111,18 @@ def load_extension(name: str, path: Path, abi_version: int):
     if problem := abi_mismatch(module, abi_version):
         raise ValueError(f"variant {name} ({path}): {problem}: build it from this commit (benchmarks/ab/build.sh)")
     return module
+
+
+def copy_files(path: Path, copies: int, folder: Path) -> list[Path]:
+    """``path`` and copies - 1 byte-for-byte copies of it in ``folder`` (each a file of its own, so each loads as a
+    module of its own, its code placed anew): the extension files of --copies."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = [path]
+    for k in range(1, copies):
+        copy = folder / f"{path.name.split('.')[0]}-copy{k}{''.join(path.suffixes)}"
+        copy.write_bytes(path.read_bytes())
+        out.append(copy)
+    return out
 
 
 def round_orders(names: list[str], rounds: int) -> list[list[str]]:
@@ -177,9 +196,10 @@ def no_further_from_reference(variant: dict, base: dict) -> bool:
             and variant["max_rel_err"] <= max(STEP_MAX_REL_ERR, 1.5 * base["max_rel_err"]))
 
 
-def time_batch(dims, weights, variants: list[tuple[str, object, str]], batch: int, context: int, rounds: int,
+def time_batch(dims, weights, variants: list[tuple[str, list, str]], batch: int, context: int, rounds: int,
                iters: int, num_sms: int, seed: int) -> dict:
-    """variants: (name, extension module, schedule), the base first."""
+    """variants: (name, its extension modules (the copies of one file; one without --copies), schedule), the base
+    first."""
     import torch
 
     from benchmarks.kernel_profile import gpu_clocks, parse_schedule, random_step_inputs, traced_launch
@@ -194,15 +214,20 @@ def time_batch(dims, weights, variants: list[tuple[str, object, str]], batch: in
         steps[schedule] = runtime.build_step(build_schedule(dims, shapes[schedule], *weights.intermediates()),
                                              weights, inp)
     names = [n for n, _, _ in variants]
-    runs = {n: (ext, steps[s]) for n, ext, s in variants}
+    runs = {n: (exts, steps[s]) for n, exts, s in variants}
     outputs = {}
-    for name, (ext, step) in runs.items():  # every variant checked before any is timed
-        runtime.launch(step, ext=ext)
-        runtime.check(step)
-        outputs[name] = step.out.float().clone()
+    for name, (exts, step) in runs.items():  # every variant checked before any is timed
+        for k, ext in enumerate(exts):
+            runtime.launch(step, ext=ext)
+            runtime.check(step)
+            if k == 0:
+                outputs[name] = step.out.float().clone()
+            elif not torch.equal(step.out.float(), outputs[name]):
+                raise AssertionError(f"batch {batch}: variant {name}'s copy {k} (the same build) gave another output "
+                                     f"than its first copy")
     cosines, bit_equal, reference = {}, {}, {}
-    base_name, base_ext, base_schedule = variants[0]
-    for name, ext, schedule in variants:
+    base_name, (base_ext, *_), base_schedule = variants[0]
+    for name, (ext, *_), schedule in variants:
         bit_equal[name] = bool(torch.equal(outputs[name], outputs[names[0]]))
         cos = torch.nn.functional.cosine_similarity(outputs[name].flatten(), outputs[names[0]].flatten(), dim=0)
         cosines[name] = float(cos)
@@ -218,18 +243,23 @@ def time_batch(dims, weights, variants: list[tuple[str, object, str]], batch: in
                                  f"{cosines[name]:.6f} < {OUTPUT_MIN_COSINE}")
     clocks = [gpu_clocks()]
     medians = {name: [] for name in names}
+    copy_medians = {name: [] for name in names}  # per round, each copy's median (us)
     orders = round_orders(names, rounds)
     for order in orders:
         for name in order:
-            ext, step = runs[name]
-            times = cuda_times(lambda: runtime.launch(step, ext=ext), iters, warmup=3)
-            medians[name].append(statistics.median(times) * 1e6)
+            exts, step = runs[name]
+            per_copy = []
+            for ext in exts:
+                times = cuda_times(lambda: runtime.launch(step, ext=ext), iters, warmup=3)
+                per_copy.append(statistics.median(times) * 1e6)
+            copy_medians[name].append(per_copy)
+            medians[name].append(statistics.median(per_copy))
     for _, step in runs.values():
         runtime.check(step)
     clocks.append(gpu_clocks())
-    # one traced launch per variant after the timing: kernel_profile's per-wave report, a row per variant
+    # one traced launch per variant after the timing (its first copy): kernel_profile's per-wave report, a row each
     profiles = []
-    for name, ext, schedule in variants:
+    for name, (ext, *_), schedule in variants:
         step = runs[name][1]
         profiles.append({"batch": batch, "context": context,
                          "schedule": name + ("" if schedule == "default" else f" ({schedule})"),
@@ -239,7 +269,8 @@ def time_batch(dims, weights, variants: list[tuple[str, object, str]], batch: in
                          **{k: v for k, v in traced_launch(dims, weights, inp, step.schedule, ext).items()
                             if k != "task_trace"}})
     return {"batch": batch, "context": context, "schedules": {n: s for n, _, s in variants}, "rounds": rounds,
-            "iters": iters, "orders": orders, "round_medians_us": medians, "output_cosine": cosines,
+            "iters": iters, "orders": orders, "round_medians_us": medians,
+            "copies": len(variants[0][1]), "copy_medians_us": copy_medians, "output_cosine": cosines,
             "bit_equal": bit_equal, "reference_check": reference, "clocks": clocks,
             "variants": paired_changes(medians, names[0]), "profiles": profiles}
 
@@ -257,13 +288,16 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--control", action="store_true",
                     help="add an A/A row: a copy of the base's extension, loaded as its own module, on its schedule")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="load every extension this many times (each a module of its own) and take a variant's round "
+                         "as the median over its copies")
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.iters < 1:
-        ap.error("--rounds and --iters must be at least 1")
+    if args.rounds < 1 or args.iters < 1 or args.copies < 1:
+        ap.error("--rounds, --iters and --copies must be at least 1")
     variants = parse_variants(args.variant)
-    if args.control:
-        import tempfile
+    import tempfile
 
+    if args.control:
         variants = with_control(variants, Path(tempfile.mkdtemp(prefix="ab-control-")))
     from benchmarks.kernel_profile import parse_schedule
 
@@ -276,10 +310,13 @@ def main(argv=None) -> None:
     from vllm_megakernel.megakernel import abi
 
     modules = {}
-    for name, path, _ in variants:  # one module per extension file: variants of one build share it
+    copies_at = Path(tempfile.mkdtemp(prefix="ab-copies-")) if args.copies > 1 else None
+    for name, path, _ in variants:  # one module per extension file (and copy): variants of one build share them
         key = path.resolve()
         if key not in modules:
-            modules[key] = load_extension(name, path, abi.ABI_VERSION)
+            files = copy_files(path, args.copies, copies_at / name) if copies_at else [path]
+            modules[key] = [load_extension(name if k == 0 else f"{name}_copy{k}", f, abi.ABI_VERSION)
+                            for k, f in enumerate(files)]
     runs = [(name, modules[path.resolve()], schedule) for name, path, schedule in variants]
     from benchmarks.kernel_profile import random_weights, report
     from benchmarks.sol import measure_bandwidth

@@ -251,8 +251,9 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
     # the kernel's output: the same for every extension unless it is named "wrong"; a step time per extension
     def fake_launch(step, ext=None):
         launched.append((ext.name, step.schedule.tiles.qkv_rows))
-        step.out = torch.full((2, 4), 2.0 if ext.name == "wrong" else 1.0) + torch.arange(4.0)
-        step.out[0, 0] = -1.0 if ext.name == "wrong" else 1.0
+        odd = ext.name in ("wrong", "odd_copy1")
+        step.out = torch.full((2, 4), 2.0 if odd else 1.0) + torch.arange(4.0)
+        step.out[0, 0] = -1.0 if odd else 1.0
 
     monkeypatch.setattr(interleaved, "load_extension", fake_load)
     monkeypatch.setattr(runtime, "build_step", fake_build_step)
@@ -309,6 +310,23 @@ def test_interleaved_main_times_every_variant_on_its_schedules_step_and_writes_t
     interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--rounds", "2", "--iters", "1",
                       "--variant", f"base={tmp_path / 'b.so'}", "--variant", "fast=f.so", "--control"])
     assert sorted(exts) == ["base", "control", "fast"] and exts["control"].path != exts["base"].path
+    # --copies: every extension file loaded twice (the second a file of its own), every copy timed in every round, a
+    # variant's round the median over its copies; a copy whose output differs from its first copy's is refused
+    exts.clear()
+    step_us.update({"base_copy1": 100e-6, "fast_copy1": 97e-6})
+    for name in ("f", "o"):
+        (tmp_path / f"{name}.so").write_bytes(f"{name} build".encode())
+    interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--rounds", "2", "--iters", "1",
+                      "--variant", f"base={tmp_path / 'b.so'}", "--variant", f"fast={tmp_path / 'f.so'}",
+                      "--copies", "2", "--out", str(tmp_path / "copies")])
+    assert sorted(exts) == ["base", "base_copy1", "fast", "fast_copy1"]
+    assert exts["fast_copy1"].path != exts["fast"].path and exts["fast_copy1"].path.read_bytes() == b"f build"
+    assert "| 1 | fast | 98 | -2.00% |" in (tmp_path / "copies" / "table.md").read_text()
+    res = json.loads((tmp_path / "copies" / "results.json").read_text())["results"][0]
+    assert res["copies"] == 2 and res["copy_medians_us"]["fast"] == [[99.0, 97.0]] * 2
+    with pytest.raises(AssertionError, match="odd's copy 1"):
+        interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--variant", f"base={tmp_path / 'b.so'}",
+                          "--variant", f"odd={tmp_path / 'o.so'}", "--copies", "2"])
     with pytest.raises(AssertionError, match="wrong's step output"):
         interleaved.main(["--model", str(FULL_CONFIG), "--batch-sizes", "1", "--variant", "base=b.so",
                           "--variant", "wrong=w.so"])

@@ -7,7 +7,9 @@
 # The control runs up to ~0.6% from main in this harness (#186, #188): compare with main and with the control.
 # (0) compute-sanitizer's three tools on the batch-1 posted-scores case (skipped with a message if .sanitizer/ was not
 #     carried: session AQ ran them on the H100, 3 passed);
-# (1) `benchmarks.ab.interleaved` at batch 1, 12 rounds, one process with an A/A control: main (posted routing and
+# (1) `benchmarks.ab.interleaved --copies 3` (every extension loaded three times, a variant's round the median over
+#     its copies: session AQ added it against the ~0.6% a module's code placement moves a step) at batch 1, 12
+#     rounds, one process with an A/A control: main (posted routing and
 #     posted scores on) against nops (posted_scores=0), nopr (posted_routing=0, posted scores still on) and u48
 #     (moe_up_cols=48); batch 2: ps (posted_scores=1) and pspr (both on), undecided on the H100 (#190);
 # (2) kernel_profile at batch 1, 8 and 64, default schedule (issue #10's table). Batch 64 at 8K needs the H200's
@@ -29,7 +31,7 @@ run() {  # NAME BATCH SECONDS NAME=SCHEDULE...: one process, main against each s
   local args=(--variant base=$so)
   for v in "$@"; do args+=(--variant "${v%%=*}=$so@${v#*=}"); done
   timeout -k 5 $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
-    --rounds $([ $b = 1 ] && echo 12 || echo 8) --iters 20 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
+    --rounds $([ $b = 1 ] && echo 12 || echo 8) --iters 20 --copies 3 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
   stamp $name $?; cat $res/$name/table.md 2>/dev/null || tail -3 $res/$name.log
 }
 if ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl > /dev/null 2>&1; then
@@ -40,8 +42,8 @@ if ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl > /dev/null 2>&1; then
 else
   echo "sanitizer: skipped, .sanitizer/ was not carried"
 fi
-run b1 1 130 nops=posted_scores=0 nopr=posted_routing=0 u48=moe_up_cols=48
-run b2 2 75 ps=posted_scores=1 pspr=posted_scores=1,posted_routing=1
+run b1 1 170 nops=posted_scores=0 nopr=posted_routing=0 u48=moe_up_cols=48
+run b2 2 110 ps=posted_scores=1 pspr=posted_scores=1,posted_routing=1
 if [ $(left) -gt 60 ]; then
   schedules="default"
   # kernel_profile rewrites report.md after each row, so a timeout keeps the rows it finished
