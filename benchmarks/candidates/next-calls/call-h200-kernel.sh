@@ -18,44 +18,9 @@
 # nopr within +-1%; ps at batch 2 -0.5 to +0.5%.
 # `bash call-h200-kernel.sh [SECONDS]` (default 560; later stages are skipped on time). Results in $OUT/r.tgz.
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-res=$OUT/r; mkdir -p $res; start=$(date +%s); limit=${1:-560}
-left() { echo $(( limit - ($(date +%s) - start) )); }
-stamp() { echo "$1 rc=$2 ($(( $(date +%s) - start )) s)"; }
-so=vllm_megakernel/_C.cpython-312-x86_64-linux-gnu.so
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv > $res/gpu.txt
-python3 -c "from vllm_megakernel import _C; print(_C.build_info())" | tee $res/build-info.txt
-run() {  # NAME BATCH SECONDS NAME=SCHEDULE...: one process, main against each schedule, with an A/A control
-  local name=$1 b=$2 lim=$3; shift 3
-  [ $(left) -lt $(( lim + 5 )) ] && { echo "$name: skipped, $(left) s left"; return; }
-  local args=(--variant base=$so)
-  for v in "$@"; do args+=(--variant "${v%%=*}=$so@${v#*=}"); done
-  timeout -k 5 $lim python3 -m benchmarks.ab.interleaved --model configs/north-mini-code --batch-sizes $b \
-    --rounds $([ $b = 1 ] && echo 12 || echo 8) --iters 20 --copies 3 --control "${args[@]}" --out $res/$name > $res/$name.log 2>&1
-  stamp $name $?; cat $res/$name/table.md 2>/dev/null || tail -3 $res/$name.log
-}
-if ls .sanitizer/nvidia_cuda_sanitizer_api-13.5.25-*.whl > /dev/null 2>&1; then
-  cs=$(bash benchmarks/candidates/next-calls/sanitizer-from-wheel.sh)
-  COMPUTE_SANITIZER=$cs timeout -k 5 240 python3 -m pytest -v -rA -p no:cacheprovider --durations=6 \
-    tests/gpu/test_sanitizer.py -k "4500-batch-1-posted-scores]" > $res/sanitizer.txt 2>&1
-  stamp sanitizer $?; tail -1 $res/sanitizer.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer.txt
-else
-  echo "sanitizer: skipped, .sanitizer/ was not carried"
-fi
-run b1 1 170 nops=posted_scores=0 nopr=posted_routing=0 u48=moe_up_cols=48
-run b2 2 110 ps=posted_scores=1 pspr=posted_scores=1,posted_routing=1
-if [ $(left) -gt 60 ]; then
-  schedules="default"
-  # kernel_profile rewrites report.md after each row, so a timeout keeps the rows it finished
-  timeout -k 5 $(( $(left) - 8 )) python3 -m benchmarks.kernel_profile --model configs/north-mini-code \
-    --batch-sizes 1,8,64 --iters 10 --schedules "$schedules" --out $res/profile > $res/profile.log 2>&1
-  stamp profile $?
-  if [ -f $res/profile/report.md ]; then
-    grep -A8 "^| batch | context" $res/profile/report.md | head -9; grep "^spans of every wave" $res/profile/report.md
-  else
-    tail -3 $res/profile.log
-  fi
-else
-  echo "profile: skipped, $(left) s left"
-fi
-cd $OUT && tar czf r.tgz r && rm -rf r
+source benchmarks/candidates/next-calls/call-lib.sh ${1:-560}
+sanitize 4500-batch-1-posted-scores 240
+ab b1 1 170 --copies 3 nops=posted_scores=0 nopr=posted_routing=0 u48=moe_up_cols=48
+ab b2 2 110 --copies 3 ps=posted_scores=1 pspr=posted_scores=1,posted_routing=1
+profile 1,8,64
+pack_results
