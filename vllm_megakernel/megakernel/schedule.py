@@ -290,7 +290,7 @@ class Task:
     load_post: int = -1
     # the consumers poll the inputs' own posted words instead of waiting on ``waits`` (the top-k under
     # StepShape.posted_scores: the router wave's score keys, each a flag of its own); the kernel skips the waits
-    # of such a task and its body polls. Seeing every word posted is seeing every writer of ``waits`` finished
+    # of such a task and its body polls (under uniform routing the top-k reads no scores and waits as before). Seeing every word posted is seeing every writer of ``waits`` finished
     # with them, so the simulator runs the task after its waits as ever; but a poll orders only the words it
     # read, so it passes on to the tasks after it only what it knew before them (simulate.HappensBefore)
     polls_inputs: bool = False
