@@ -9,6 +9,8 @@
 #   sanitize CASE SECONDS
 #                        compute-sanitizer's three tools on tests/gpu/test_sanitizer.py's CASE, from the wheel carried
 #                        in .sanitizer/ (skipped with a line if it was not)
+#   kernel_tests SECONDS [PYTEST ARGS]
+#                        tests/gpu/test_megakernel_step.py and test_each_opcode.py on the carried extension
 #   profile BATCHES [SCHEDULES]
 #                        benchmarks.kernel_profile with the time left (a timeout keeps the rows it finished)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -41,6 +43,14 @@ sanitize() {
   COMPUTE_SANITIZER=$cs timeout -k 5 $lim python3 -m pytest -v -rA -p no:cacheprovider --durations=6 \
     tests/gpu/test_sanitizer.py -k "$case]" > $res/sanitizer-$case.txt 2>&1
   stamp "sanitizer $case" $?; tail -1 $res/sanitizer-$case.txt; grep -E "^(PASSED|FAILED|ERROR)" $res/sanitizer-$case.txt
+}
+
+kernel_tests() {
+  local lim=$1; shift
+  [ $(left) -lt $(( lim + 5 )) ] && { echo "kernel tests: skipped, $(left) s left"; return; }
+  timeout -k 5 $lim python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megakernel_step.py \
+    tests/gpu/test_each_opcode.py "$@" > $res/kernel-tests.txt 2>&1
+  stamp "kernel tests" $?; grep -E "^(FAILED|ERROR)" $res/kernel-tests.txt; tail -1 $res/kernel-tests.txt
 }
 
 profile() {
