@@ -137,7 +137,7 @@ def test_posted_score_keys_sit_zeroed_after_the_route_words_and_a_stall_on_them_
     sim = PagedKVSim(dims, num_requests=2, max_len=20, block_size=4, dtype=torch.bfloat16)
     sim.fill_history([5, 9], generator=torch.Generator().manual_seed(0))
     inp = sim.step([1, 2])
-    for routing, scores in ((False, False), (False, True), (True, True)):
+    for routing, scores in ((False, False), (True, False), (True, True)):
         sched = build_schedule(dims, StepShape(batch=2, num_sms=4, attn_splits=2, posted_routing=routing,
                                                posted_scores=scores), *w.intermediates())
         step = runtime.build_step(sched, w, inp)

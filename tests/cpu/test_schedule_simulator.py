@@ -1357,16 +1357,17 @@ def test_a_posted_word_read_without_polling_its_writer_or_written_twice_is_a_rac
         simulate.run(ahead)
 
 
-@pytest.mark.parametrize("batch, order, routing", [(1, "random", True), (3, "reverse", False), (8, "random", True)])
+@pytest.mark.parametrize("batch, order, num_sms", [(1, "random", 7), (2, "reverse", 5), (3, "reverse", 13),
+                                                   (8, "random", 40)])
 def test_posted_scores_let_the_top_k_poll_the_router_wave_and_compute_the_same_step(dims, weights, batch, order,
-                                                                                   routing):
-    """StepShape.posted_scores: each layer's top-k keeps the router wave as its wait in the schedule, which the
-    kernel satisfies by polling the routers' keys (Task.polls_inputs), and no other task changes; the step is
-    deadlock- and race-free under any SM order and bit-equal to the same step without it, with or without
-    posted routing, and the step's barrier array grows by one key a score of every layer."""
+                                                                                   num_sms):
+    """StepShape.posted_scores (with posted routing): each layer's top-k keeps the router wave as its wait in the
+    schedule, which the kernel satisfies by polling the routers' keys (Task.polls_inputs), and no other task
+    changes; the step is deadlock- and race-free under any SM order on few and many SMs and bit-equal to the same
+    step without it, and the step's barrier array grows by one key a score of every layer."""
     lengths = [40, 9, 3, 17, 1, 30, 12][: max(batch - 1, 1)]
     inp = step_inputs(dims, lengths + [0] * (batch - len(lengths)), seed=batch)  # a padding row from batch 2
-    shape = dict(batch=batch, num_sms=7, attn_splits=3, attn_min_tiles=1, posted_routing=routing)
+    shape = dict(batch=batch, num_sms=num_sms, attn_splits=3, attn_min_tiles=1, posted_routing=True)
     plain = build_schedule(dims, StepShape(**shape, posted_scores=False), *weights.intermediates())
     polled = build_schedule(dims, StepShape(**shape, posted_scores=True), *weights.intermediates())
     names = {b: polled.barriers[b].name for b in range(len(polled.barriers))}
@@ -1377,7 +1378,8 @@ def test_posted_scores_let_the_top_k_poll_the_router_wave_and_compute_the_same_s
     assert strip == plain.tasks and polled.sm_tasks == plain.sm_tasks
     assert polled.score_post_words == dims.num_layers * batch * dims.num_experts and plain.score_post_words == 0
     simulate.run(polled, order=order, seed=batch)
-    simulate.check_races(polled, order=order, seed=batch)
+    for o in ("round_robin", "reverse", "random"):
+        simulate.check_races(polled, order=o, seed=batch)
     _computes_the_plain_step(polled, plain, weights, inp, order, batch, False)
 
 
@@ -1386,8 +1388,8 @@ def test_a_task_after_the_polling_top_k_on_its_sm_does_not_inherit_the_router_wa
     reads a router's float scores with no wait of its own is ordered after that router when the top-k waited on
     the router wave's barrier, and races with it when the top-k polled the keys instead."""
     for polled in (False, True):
-        s = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, attn_min_tiles=1, posted_scores=polled),
-                           TINY_I, TINY_DENSE_I)
+        s = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, attn_min_tiles=1, posted_routing=True,
+                                           posted_scores=polled), TINY_I, TINY_DENSE_I)
         topk = next(t for t in s.tasks if t.op == Op.ROUTER_TOPK)
         router = next(t for t in s.tasks if t.op == Op.ROUTER and t.layer == topk.layer and t.sm != topk.sm)
         reader = Task(len(s.tasks), Op.NORM, topk.layer, "extra", {}, (), NO_BARRIER, router.writes[:1], (),
@@ -1402,16 +1404,26 @@ def test_a_task_after_the_polling_top_k_on_its_sm_does_not_inherit_the_router_wa
             simulate.check_races(s)
 
 
-def test_posted_scores_are_refused_where_the_keys_are_not_sized_or_local_routing_reads_the_scores(dims):
-    """The keys are sized for POSTED_ROUTING_MAX_BATCH rows of a layer at most, and local routing's producers read
-    the float scores after the router wave's barrier: other shapes are refused; the default is layout's."""
+def test_posted_scores_are_refused_without_posted_routing(dims):
+    """Without posted routing the expert tasks wait on the top-k's barrier alone, and the top-k, which polled only
+    the routers' keys, passes nothing else of theirs on (the up/gate tasks' hn rows): such a step races, and
+    StepShape refuses it (so too past posted routing's batches and with local routing). With posted routing the
+    producers wait on the router wave; the default is layout's, where posted routing is on."""
     n = layout.POSTED_ROUTING_MAX_BATCH
-    assert StepShape(batch=n, num_sms=7, posted_scores=True).posted_scores
-    for bad in (dict(batch=n + 1), dict(batch=2, local_routing=True)):
+    assert StepShape(batch=n, num_sms=7, posted_routing=True, posted_scores=True).posted_scores
+    for bad in (dict(batch=n + 1), dict(batch=2, local_routing=True), dict(batch=2, posted_routing=False)):
         with pytest.raises(ValueError, match="posted_scores"):
             StepShape(num_sms=7, posted_scores=True, **bad)
     assert [StepShape(batch=b, num_sms=132).posted_scores for b in (1, 2, 8, 64)] == \
-        [layout.posted_scores_for(b) and not layout.local_routing_for(b) for b in (1, 2, 8, 64)]
+        [layout.posted_scores_for(b) and layout.posted_routing_for(b) for b in (1, 2, 8, 64)]
+    # what the refusal prevents: the same schedule forced past the check races on hn
+    s = build_schedule(dims, StepShape(batch=2, num_sms=13, attn_splits=2, attn_min_tiles=1, posted_routing=False),
+                       TINY_I, TINY_DENSE_I)
+    forced = dataclasses.replace(s, tasks=[dataclasses.replace(t, polls_inputs=t.op == Op.ROUTER_TOPK)
+                                           for t in s.tasks])
+    simulate.check_races(s)
+    with pytest.raises(simulate.RaceError, match="hn"):
+        simulate.check_races(forced)
 
 
 def test_posted_routing_is_refused_where_the_kernel_has_no_form_and_its_words_pack_every_row(dims):

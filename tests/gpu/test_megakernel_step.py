@@ -255,20 +255,19 @@ def test_posted_routing_posts_the_top_ks_work_list_and_matches_its_step_bit_for_
     print(f"batch {batch}, posted routing: min cosine {cos:.6f}, max rel err {err:.4f}, bit-equal to the top-k's")
 
 
-@pytest.mark.parametrize("batch, lengths, routing", [(1, [8192], True), (3, [5000, 1], False),
-                                                     (8, [8192, 17, 4097, 2000, 1, 6000, 12], True)])
-def test_posted_scores_post_every_routers_keys_and_match_the_step_on_its_barrier_bit_for_bit(wide, batch, lengths,
-                                                                                          routing):
+@pytest.mark.parametrize("batch, lengths", [(1, [8192]), (3, [5000, 1]), (8, [8192, 17, 4097, 2000, 1, 6000, 12])])
+def test_posted_scores_post_every_routers_keys_and_match_the_step_on_its_barrier_bit_for_bit(wide, batch, lengths):
     """StepShape.posted_scores: every ROUTER task also stores its scores as the top-k's ranking keys and the top-k
     polls them instead of waiting on the router wave's barrier. The keys the step left in its barrier array are,
     on every MoE layer and for every row (a padding row's too: the router scores it), the keys of the scores in
     the workspace, none left unposted, and none on a dense layer; the step matches the reference replaying its
-    routing and is bit-equal to the same step without posted scores, with and without posted routing."""
+    routing and is bit-equal to the same step without posted scores (both with posted routing, which posted scores
+    need)."""
     from vllm_megakernel.megakernel import runtime
 
     dims, w = wide
-    (cos, err), polled = one_step(dims, w, lengths, batch, 0, posted_routing=routing, posted_scores=True)
-    _, plain = one_step(dims, w, lengths, batch, 0, posted_routing=routing, posted_scores=False)
+    (cos, err), polled = one_step(dims, w, lengths, batch, 0, posted_routing=True, posted_scores=True)
+    _, plain = one_step(dims, w, lengths, batch, 0, posted_routing=True, posted_scores=False)
     assert torch.equal(polled.view("out"), plain.view("out"))
     keys = runtime.score_posts(polled).cpu()
     scores = polled.workspace["scores"].view(dims.num_layers, batch, dims.num_experts).cpu()

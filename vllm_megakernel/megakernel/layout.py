@@ -369,8 +369,9 @@ def posted_scores_for(batch: int) -> bool:
     On at batch 1 only. The kernel alone at 8K on an H100, outputs bit-equal, each process with an A/A control
     (session AQ, benchmarks/results/h100-2026-12-06-session-aq, PERF_LOG #190): batch 1 -0.69% (rounds -1.89 ..
     -0.51%, the control's -0.18 .. +0.41%) and -1.41% (-2.46 .. -1.25%; control -0.58 .. +0.19%) in two processes,
-    -0.7% in kernel_profile; batch 2 -0.27% with the top-k's barrier and -0.52% with posted routing, both inside
-    the control's rounds (-0.25 .. +2.51%). Not measured on an H200."""
+    -0.7% in kernel_profile; batch 2 -0.27% with the top-k's barrier (a form since refused: schedule.StepShape) and
+    -0.52% with posted routing, both inside the control's rounds (-0.25 .. +2.51%). Not measured on an H200.
+    Only with posted routing (StepShape refuses it without)."""
     return batch == 1
 
 

@@ -145,9 +145,10 @@ class StepShape:
     routing, under the same limits (layout.POSTED_ROUTING_MAX_BATCH rows, a MoE combine wave), and not with
     local routing. ``posted_scores`` (None: layout.posted_scores_for the batch): every ROUTER task also stores its
     scores as the top-k's ranking keys in the step's barrier array (layout.score_post_words), and the top-k polls
-    its rows' keys instead of waiting on the router wave's barrier (``Task.polls_inputs``); up to
-    layout.POSTED_ROUTING_MAX_BATCH rows, not with local routing (whose producers read the scores after the
-    router wave's barrier). ``stages_in_flight`` (0: layout.stages_in_flight_for the batch) caps the
+    its rows' keys instead of waiting on the router wave's barrier (``Task.polls_inputs``); with posted routing
+    only (so up to layout.POSTED_ROUTING_MAX_BATCH rows, not with local routing): its expert tasks' producers wait on
+    the router wave, which orders the hn rows the first router task wrote, while the top-k, having polled the keys
+    alone, passes nothing of the routers on. ``stages_in_flight`` (0: layout.stages_in_flight_for the batch) caps the
     producer's stage-ring buffers in flight at once, 1 to layout.STAGES (the whole ring): a launch choice that
     changes when each SM's copies are issued, never what is computed. ``o_prefetch``: a producer that first
     reaches one of a MoE layer's routed places asks L2 for the weight rows of its SM's O projection places of the
@@ -234,10 +235,12 @@ class StepShape:
                              f"without local_routing (batch {self.batch}, combine_in_norm={self.combine_in_norm}, "
                              f"local_routing={self.local_routing})")
         if self.posted_scores is None:
-            object.__setattr__(self, "posted_scores", layout.posted_scores_for(self.batch) and not self.local_routing)
-        if self.posted_scores and (self.batch > layout.POSTED_ROUTING_MAX_BATCH or self.local_routing):
-            raise ValueError(f"posted_scores: up to batch {layout.POSTED_ROUTING_MAX_BATCH}, without local_routing "
-                             f"(batch {self.batch}, local_routing={self.local_routing})")
+            object.__setattr__(self, "posted_scores", layout.posted_scores_for(self.batch) and self.posted_routing)
+        if self.posted_scores and not self.posted_routing:
+            # without posted routing the expert tasks wait on the top-k's barrier alone, and the top-k, which only
+            # polled the routers' keys, does not pass on the routers' other writes (the up/gate tasks' hn rows)
+            raise ValueError(f"posted_scores: with posted_routing, whose producers wait on the router wave "
+                             f"(batch {self.batch}, posted_routing={self.posted_routing})")
         if self.stages_in_flight == 0:
             object.__setattr__(self, "stages_in_flight", layout.stages_in_flight_for(self.batch))
         if not 1 <= self.stages_in_flight <= layout.STAGES:

@@ -322,7 +322,10 @@ class HappensBefore:
     after its waits, but passes on to the tasks after it on its SM, and to the waiters on its signal, only
     what it knew before its waits: on a step where it has no work it never waited. So does a task that polls its
     inputs' own posted words instead of waiting (``Task.polls_inputs``): each poll orders the word it read and
-    nothing else its writer wrote. Except where all of a
+    nothing else its writer wrote. (The writer's reads before it stored the word are ordered too, on the hardware,
+    by the word's data dependency on them, which the clocks do not carry: a step whose every row is padding, so that
+    nothing else waits on the routers, shows a race on the residual the routers read; vLLM runs no such step, its
+    dummy steps too have a live row.) Except where all of a
     barrier's signallers are a layer's attention splits: a step has at least one live request (vLLM's dummy
     runs too: their sequence lengths are at least 1), whose split holding its newest token has work, so one
     of them waited, and the waiter knows at least what the least informed of them knew after its waits. Without that, every task after the attention

@@ -10,20 +10,21 @@
 # (1) `benchmarks.ab.interleaved --copies 3` (every extension loaded three times, a variant's round the median over
 #     its copies: session AQ added it against the ~0.6% a module's code placement moves a step) at batch 1, 12
 #     rounds, one process with an A/A control: main (posted routing and
-#     posted scores on) against nops (posted_scores=0), nopr (posted_routing=0, posted scores still on) and u48
-#     (moe_up_cols=48); batch 2: ps (posted_scores=1) and pspr (both on), undecided on the H100 (#190);
+#     posted scores on) against nops (posted_scores=0), nopr (posted_routing=0: posted scores, which need it, off too) and u48
+#     (moe_up_cols=48); batch 2: pr (posted_routing=1) and pspr (with posted scores, which need posted routing),
+#     undecided on the H100 (#190);
 # (2) the kernel tests of uniform and posted routing and posted scores: 4266efa (the top-k waits on the router wave
 #     under uniform routing even with posted scores) has not run on a GPU;
 # (3) kernel_profile at batch 1, 8 and 64, default schedule (issue #10's table). Batch 64 at 8K needs the H200's
 #     memory: on an H100 kernel_profile leaves it out and says why.
 # Predictions (#191): nops +1 to +2.5% at batch 1 (the routing chain passed ~half of a delay to the H200's step, #116);
-# nopr within +-1%; ps at batch 2 -0.5 to +0.5%.
+# nopr 0 to +2.5% (nops's loss, less what posted routing alone cost there in #184); pr and pspr at batch 2 -0.5 to +0.5%.
 # `bash call-h200-kernel.sh [SECONDS]` (default 560; later stages are skipped on time). Results in $OUT/r.tgz.
 set -u
 source benchmarks/candidates/next-calls/call-lib.sh ${1:-560}
 sanitize 4500-batch-1-posted-scores 240
 ab b1 1 170 --copies 3 nops=posted_scores=0 nopr=posted_routing=0 u48=moe_up_cols=48
-ab b2 2 110 --copies 3 ps=posted_scores=1 pspr=posted_scores=1,posted_routing=1
+ab b2 2 110 --copies 3 pr=posted_routing=1 pspr=posted_scores=1,posted_routing=1
 kernel_tests 90 -k "uniform or posted"
 profile 1,8,64
 pack_results
