@@ -11,7 +11,8 @@ what a change of task sizes, bytes in flight or overlap does. Here each SM has t
   exhausted claim counter); under posted routing the producer also waits for the top-k's selection (its words);
 - consumers that start a task once the SM's previous task is done (plus ``gap_us``) and its barriers have
   completed (plus ``hop_us``; a task that polls its inputs' own words, ``Task.polls_inputs``, once the barrier's
-  last signaller finished its body, without its tail), spend the wave's measured inputs phase, then take the task's
+  last signaller finished its body, without its tail: under uniform routing the kernel's top-k waits on the barrier
+  instead, which the model does not know), spend the wave's measured inputs phase, then take the task's
   bytes as they land,
   no faster than one 32 KB stage per stage_us (freeing the ring), then the rest of the body, and signal
   ``tail_us`` after the body's end while the SM goes on (the signaller warp).

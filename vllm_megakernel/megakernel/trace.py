@@ -72,7 +72,10 @@ def task_fields(schedule: Schedule, records: torch.Tensor) -> tuple[torch.Tensor
     """record_fields, with the run start of a task that polls its inputs' own words (``Task.polls_inputs``: the
     top-k under posted scores) moved to its inputs mark. Such a task's body begins before its inputs are in and the
     poll is its wait: from where the poll ended its wait, run, span and place on a critical path read as those of a
-    task that waited on its barriers do (the kernel's run start is after the waits)."""
+    task that waited on its barriers do (the kernel's run start is after the waits). Under uniform routing the
+    kernel's top-k waits on its barrier instead (it reads no scores), which the schedule does not record: there its
+    inputs mark is its run start plus nothing, and only the hop table's and the critical path's names for its edge
+    ("polled from") misread it."""
     rec, f = record_fields(records)
     polled = [t.index for t in schedule.tasks if t.polls_inputs]
     if not polled:
