@@ -74,8 +74,8 @@ def task_fields(schedule: Schedule, records: torch.Tensor) -> tuple[torch.Tensor
     poll is its wait: from where the poll ended its wait, run, span and place on a critical path read as those of a
     task that waited on its barriers do (the kernel's run start is after the waits). Under uniform routing the
     kernel's top-k waits on its barrier instead (it reads no scores), which the schedule does not record: there its
-    inputs mark is its run start plus nothing, and only the hop table's and the critical path's names for its edge
-    ("polled from") misread it."""
+    inputs mark comes right at its run start, so nothing moves, and only the hop table (which leaves it out) and the
+    critical path's name for its edge ("polled from") misread it."""
     rec, f = record_fields(records)
     polled = [t.index for t in schedule.tasks if t.polls_inputs]
     if not polled:
