@@ -45,21 +45,32 @@ __device__ inline void report_stall(int* error, const int* desc, int barrier, in
   }
 }
 
-// Every bounded wait of one thread: polls `done()` at once, then every ~20 ns, until it returns true. Each poll
-// is one round trip to L2. The error word (another SM's abort) and the clock (this wait's own timeout) are read on
-// every 16th poll only: read on every poll, the error word was a second round trip in series with the counter's,
-// which every wait on a layer's critical path paid. Past the timeout `stalled()` records the wait; false when
-// the step was aborted (by this wait or another SM's).
-template <class Done, class Stalled>
-__device__ __forceinline__ bool poll_bounded(Done done, Stalled stalled, const int* error, long long timeout_ns) {
+// How a bounded wait's pollers agree to give up: each thread on its own (every wait of one thread), or the whole
+// warp on lane 0's reading of the error word and the clock (a warp that polls together, its `done()` a warp-wide
+// vote: its lanes must leave the loop on the same poll).
+struct EachThread {
+  __device__ bool operator()(bool verdict) const { return verdict; }
+};
+struct WholeWarp {
+  __device__ bool operator()(bool verdict) const { return __shfl_sync(0xffffffffu, verdict, 0); }
+};
+
+// Every bounded wait: polls `done()` at once, then every ~20 ns, until it returns true. Each poll is one round trip
+// to L2. The error word (another SM's abort) and the clock (this wait's own timeout) are read on every 16th poll
+// only: read on every poll, the error word was a second round trip in series with the counter's, which every wait
+// on a layer's critical path paid. Past the timeout `stalled()` records the wait; false when the step was aborted
+// (by this wait or another SM's). `agree` says whose reading of those two decides (EachThread, WholeWarp).
+template <class Done, class Stalled, class Agree = EachThread>
+__device__ __forceinline__ bool poll_bounded(Done done, Stalled stalled, const int* error, long long timeout_ns,
+                                             Agree agree = {}) {
   if (done()) return true;
   const unsigned long long start = global_timer_ns();
   for (unsigned polls = 1;; ++polls) {
     __nanosleep(20);
     if (done()) return true;
     if (polls % 16) continue;
-    if (aborted(error)) return false;
-    if ((long long)(global_timer_ns() - start) > timeout_ns) {
+    if (agree(aborted(error))) return false;
+    if (agree((long long)(global_timer_ns() - start) > timeout_ns)) {
       stalled();
       return false;
     }

@@ -99,12 +99,10 @@ __device__ __forceinline__ bool has_work(int op, const Step& st, const Task& t) 
 
 // Whether the loop waits on the task's input barriers. Not for a task with nothing to do on this step's data,
 // which reads nothing: no one waits (and holds up the tasks queued behind it on this SM) for inputs it will not
-// read. Nor for the top-k under posted scores, whose body polls its inputs' own words instead (schedule.py's
-// Task.polls_inputs) -- except under uniform routing, where it reads no scores and so has nothing to poll: it
-// waits as before, which also orders its rewrite of the route buffer and topk_w after the previous layer's readers
-// (the routers' barrier comes after them; with the poll, the keys it saw come after the same barrier).
+// read. Nor for the top-k when its body polls its inputs' own words instead (RouterTopkOp::polls_inputs;
+// schedule.py's Task.polls_inputs).
 __device__ __forceinline__ bool reads_inputs(int op, const Step& st, const Task& t) {
-  if (op == abi::OP_ROUTER_TOPK) return !st.posted_scores() || st.i(abi::S_UNIFORM_ROUTING) != 0;
+  if (op == abi::OP_ROUTER_TOPK && RouterTopkOp::polls_inputs(st)) return false;
   return !abi::waits_only_if_work(op) || has_work(op, st, t);
 }
 

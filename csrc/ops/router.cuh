@@ -46,11 +46,12 @@ struct RouterOp {
       const int r = idx % R, b = idx / R;
       const float logit = round_bf16(sh.part[r * bp + b]);
       const float score = 1.f / (1.f + expf(-logit));
-      scores[b * abi::kNumExperts + row0 + r] = score;
+      const int at = b * abi::kNumExperts + row0 + r;
+      scores[at] = score;
       // posted scores: the top-k polls this key (relaxed: each key is its own flag; RouterTopkOp::poll_keys)
       if (keys)
-        cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(keys[b * abi::kNumExperts + row0 + r])
-            .store(topk::score_key(score), cuda::memory_order_relaxed);
+        cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(keys[at]).store(topk::score_key(score),
+                                                                              cuda::memory_order_relaxed);
     }
     return true;
   }
@@ -68,41 +69,41 @@ struct RouterTopkOp {
 
   static __device__ bool load(Producer&, const Task&) { return true; }
 
-  // Posted scores (the step's posted_scores; the loop did not wait on the router wave): the warp polls batch row
-  // r's keys (lane + 32 j into key[j], zeroed by the caller) until every one is posted, with relaxed loads: each
-  // key is its own flag, and nothing else a router wrote is read on the strength of it. Bounded like every wait
-  // (barrier.cuh's poll_bounded, with lane 0 deciding for the warp, whose lanes poll together); false on an abort
-  // or a timeout, recorded with abi::kPostedScoreWait, the row and how many of its keys were posted.
+  // Whether the loop leaves this task's wait on the router wave to its body (megakernel.cu's reads_inputs): under
+  // the step's posted_scores its warps poll their rows' keys instead, except under uniform routing, where it reads
+  // no scores and waits as before (which also orders its rewrite of the route buffer and topk_w after the previous
+  // layer's readers: the routers' barrier comes after them; with the poll, the keys it saw come after it too).
+  static __device__ bool polls_inputs(const Step& st) {
+    return st.posted_scores() && st.i(abi::S_UNIFORM_ROUTING) == 0;
+  }
+
+  // Posted scores: the warp polls batch row r's keys (lane + 32 j into key[j], zeroed by the caller) until every
+  // one is posted, with relaxed loads: each key is its own flag, and nothing else a router wrote is read on the
+  // strength of it. Bounded like every wait (barrier.cuh's poll_bounded, lane 0 deciding for the warp); false on
+  // an abort or a timeout, recorded with abi::kPostedScoreWait, the row and how many of its keys were posted.
   static __device__ bool poll_keys(const Consumer& c, const Task& t, int r, uint32_t (&key)[topk::kPerLane]) {
     uint32_t* row = c.st.score_posts(t.layer()) + r * E;
     int* error = c.ctx().error;
-    const long long timeout_ns = c.st.i(abi::S_TIMEOUT_NS);
-    unsigned long long start = 0;
-    for (unsigned polls = 0;; ++polls) {
-      bool all = true;
+    return poll_bounded(
+        [&] {
+          bool all = true;
 #pragma unroll
-      for (int j = 0; j < topk::kPerLane; ++j) {
-        if (!key[j])
-          key[j] = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(row[c.lane + 32 * j])
-                       .load(cuda::memory_order_relaxed);
-        all &= key[j] != 0;
-      }
-      if (__all_sync(0xffffffffu, all)) return true;
-      if (polls == 0) start = global_timer_ns();
-      __nanosleep(20);
-      if (polls % 16 != 15) continue;
-      int stop = 0;  // 1: another SM aborted; 2: this poll timed out
-      if (c.lane == 0) stop = aborted(error) ? 1 : (long long)(global_timer_ns() - start) > timeout_ns ? 2 : 0;
-      stop = __shfl_sync(0xffffffffu, stop, 0);
-      if (stop == 2) {
-        int posted = 0;
+          for (int j = 0; j < topk::kPerLane; ++j) {
+            if (!key[j])
+              key[j] = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(row[c.lane + 32 * j])
+                           .load(cuda::memory_order_relaxed);
+            all &= key[j] != 0;
+          }
+          return __all_sync(0xffffffffu, all);
+        },
+        [&] {
+          int posted = 0;
 #pragma unroll
-        for (int j = 0; j < topk::kPerLane; ++j) posted += key[j] != 0;
-        posted = __reduce_add_sync(0xffffffffu, posted);
-        if (c.lane == 0) report_stall(error, t.d, abi::kPostedScoreWait, r, posted);
-      }
-      if (stop) return false;
-    }
+          for (int j = 0; j < topk::kPerLane; ++j) posted += key[j] != 0;
+          posted = __reduce_add_sync(0xffffffffu, posted);
+          if (c.lane == 0) report_stall(error, t.d, abi::kPostedScoreWait, r, posted);
+        },
+        error, c.st.i(abi::S_TIMEOUT_NS), WholeWarp{});
   }
 
   static __device__ bool compute(Consumer& c, const Task& t, Shared& sh) {
@@ -125,7 +126,7 @@ struct RouterTopkOp {
         topk_w[r * K + c.lane] = 1.f;
       }
     }
-    const bool poll = c.st.posted_scores();
+    const bool poll = polls_inputs(c.st);
     for (int r = c.warp; r < B && !uniform; r += kConsumerWarps) {
       const bool live = c.st.seq_len(r) > 0;  // padding rows are not routed (their weights are unused)
       // the trace's first mark: the leader's first row's scores are in registers

@@ -420,8 +420,8 @@ def model_mismatches(dims, moe_intermediate: int, dense_intermediate: int) -> li
 
 __all__ = [
     "ATTN_TILE", "GemmTiles", "attn_live_splits_for", "attn_live_tasks_for", "attn_split_tiles", "attn_splits_for",
-    "combine_heads_for", "combine_place_for", "compiled_stage_rows", "local_routing_for", "posted_routing_for", "posted_scores_for",
-    "route_post_words", "score_post_words", "stages_in_flight_for",
+    "combine_heads_for", "combine_place_for", "compiled_stage_rows", "local_routing_for", "posted_routing_for",
+    "posted_scores_for", "route_post_words", "score_post_words", "stages_in_flight_for",
     "fold_norm", "gemm_tiles", "model_mismatches", "moe_slots", "padded_rows", "route_offsets", "rows_per_stage",
     "visible_range", "workspace_spec",
 ]
