@@ -13,8 +13,8 @@
 #     posted scores on) against nops (posted_scores=0), nopr (posted_routing=0: posted scores, which need it, off too) and u48
 #     (moe_up_cols=48); batch 2: pr (posted_routing=1) and pspr (with posted scores, which need posted routing),
 #     undecided on the H100 (#190);
-# (2) the kernel tests of uniform and posted routing and posted scores: 4266efa (the top-k waits on the router wave
-#     under uniform routing even with posted scores) has not run on a GPU;
+# (2) the kernel tests of uniform and posted routing and posted scores: 4266efa and 2bba79f (the top-k waits on the router wave
+#     under uniform routing even with posted scores; its poll through poll_bounded) have not run on a GPU;
 # (3) kernel_profile at batch 1, 8 and 64, default schedule (issue #10's table). Batch 64 at 8K needs the H200's
 #     memory: on an H100 kernel_profile leaves it out and says why.
 # Predictions (#191): nops +1 to +2.5% at batch 1 (the routing chain passed ~half of a delay to the H200's step, #116);
