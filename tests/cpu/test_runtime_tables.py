@@ -106,7 +106,8 @@ def test_posted_route_words_sit_zeroed_after_the_barriers_and_a_stall_on_one_nam
     sim.fill_history([5, 9], generator=torch.Generator().manual_seed(0))
     inp = sim.step([1, 2])
     for posted in (False, True):
-        sched = build_schedule(dims, StepShape(batch=2, num_sms=4, attn_splits=2, posted_routing=posted),
+        sched = build_schedule(dims, StepShape(batch=2, num_sms=4, attn_splits=2, posted_routing=posted,
+                                               posted_scores=False),  # the route words alone
                                *w.intermediates())
         step = runtime.build_step(sched, w, inp)
         s = dict(zip(abi.STEP_FIELDS, step.step_table.tolist()))

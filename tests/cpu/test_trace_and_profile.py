@@ -9,6 +9,7 @@ import torch
 import pytest
 
 from conftest import REPO, TINY_CONFIG, committed_results, result_id
+
 from vllm_megakernel import reference as ref
 from vllm_megakernel.megakernel import abi, trace
 from vllm_megakernel.megakernel.abi import Op
@@ -17,6 +18,10 @@ from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 from vllm_megakernel.paged_kv import PagedKVSim
 
 TINY_I, TINY_DENSE_I = 32, 96
+
+# The routing hop through the top-k's barrier, not its posted words (batch 2's default until session AR, PERF_LOG
+# #194): these tests time that form's waits and hops.
+BARRIER_ROUTED = dict(posted_routing=False)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +52,8 @@ def synthetic_records(sched, run_ns, wait_ns, gap_ns=100, physical=lambda block:
 def test_layer_timeline_places_each_wave_after_the_layer_start(dims):
     """Synthetic waves run back to back: each wave's first run, median and last end, and the next layer's
     start come out as the sums of the runs, waits and gaps before them in the layer."""
-    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, **BARRIER_ROUTED), TINY_I,
+                           TINY_DENSE_I)
     waves = sorted({t.wave for t in sched.tasks})
     run_ns = {w: 1000 * (i + 1) for i, w in enumerate(waves)}
     wait_ns = {w: 500 for w in waves}
@@ -284,7 +290,8 @@ def test_layer_activity_counts_waiting_and_running_sms_and_the_bytes_taken(dims)
     takes its bytes in the 300 ns of its stage phase): over the layer the stretches add up to every task's
     consumer time, every wait after the layer's first wave, and every byte of the layer; a stretch inside one
     wave's run holds that wave's SMs."""
-    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, **BARRIER_ROUTED), TINY_I,
+                           TINY_DENSE_I)
     waves = sorted({t.wave for t in sched.tasks})
     rec = synthetic_records(sched, {w: 1000 for w in waves}, {w: 500 for w in waves})
     layer = next(i for i in range(dims.num_layers - 1) if not dims.dense[i])
@@ -338,7 +345,8 @@ def test_layer_hops_time_each_blocked_wait_from_the_last_signal_to_the_run(dims)
     producer's wait on the routing), counted when its SM was free before that signal: the same edges, counts
     and medians as a brute-force scan of synthetic waves; a task whose SM was still busy at the last signal, or
     an attention split that had no work (no stage phase marked: it does not wait), is left out."""
-    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, **BARRIER_ROUTED), TINY_I,
+                           TINY_DENSE_I)
     waves = sorted({t.wave for t in sched.tasks})
     rec = synthetic_records(sched, {w: 900 + 70 * i for i, w in enumerate(waves)}, {w: 500 for w in waves})
     layers = [i for i in range(dims.num_layers - 1) if not dims.dense[i]]
@@ -419,7 +427,8 @@ def test_input_checks_time_the_waits_whose_inputs_were_all_signalled_long_before
     a brute-force scan of synthetic waves (whose signals end 100 ns before the next wave's waits start: every
     task with a waited barrier counts under a 50 ns lead, fewer under 200 ns, none under a second), and a longer
     look shows in its group."""
-    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, **BARRIER_ROUTED), TINY_I,
+                           TINY_DENSE_I)
     waves = sorted({t.wave for t in sched.tasks})
     wait_ns = {w: 300 + 40 * i for i, w in enumerate(waves)}
     rec = synthetic_records(sched, {w: 900 for w in waves}, wait_ns)
@@ -520,7 +529,8 @@ def test_layer_ends_say_when_the_sms_finish_a_layer_and_with_which_wave(dims):
 
 
 def test_wave_summary_recovers_run_wait_span_and_share(dims):
-    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2), TINY_I, TINY_DENSE_I)
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=5, attn_splits=2, **BARRIER_ROUTED), TINY_I,
+                           TINY_DENSE_I)
     waves = sorted({t.wave for t in sched.tasks})
     run_ns = {w: 1000 * (i + 1) for i, w in enumerate(waves)}
     wait_ns = {w: 500 for w in waves}

@@ -23,9 +23,10 @@ HERE = Path(__file__).parent
 # sliding window (4096), 32K and 128K in one batch with a padding row; its splits are the default's so that no
 # task walks 128K alone. The local-routing case runs the expert tasks' producers' own top-k (its cp.async copies
 # of the scores and its shared-memory work list) on the first case's batch, and the posted-routing case the
-# top-k's posted words and the producers' polls of them; at batch 1 (posted routing's default batch) the top-k
+# top-k's posted words and the producers' polls of them; at batch 1 the top-k
 # posts each word as soon as the row's experts are chosen (topk::post_one_row), and with posted scores polls the
-# routers' keys instead of waiting on their barrier. The capped case has the producer
+# routers' keys instead of waiting on their barrier; batch 2's default takes both (layout.posted_routing_for and
+# posted_scores_for), with the top-k posting its words after the work list. The capped case has the producer
 # wait for its stage two back to land before it claims a buffer (StepShape.stages_in_flight; batch 3's default
 # is the whole ring).
 CASES = {"4500-7-pad": ("4500,7,0", 4, []),
@@ -34,6 +35,7 @@ CASES = {"4500-7-pad": ("4500,7,0", 4, []),
          "4500-7-pad-posted-routing": ("4500,7,0", 4, ["--posted-routing"]),
          "4500-batch-1": ("4500", 4, []),
          "4500-batch-1-posted-scores": ("4500", 4, ["--posted-scores"]),
+         "4500-7-batch-2": ("4500,7", 4, []),
          "4500-7-pad-2-stages-in-flight": ("4500,7,0", 4, ["--stages-in-flight", "2"])}
 
 

@@ -294,14 +294,19 @@ def local_routing_for(batch: int) -> bool:
 def posted_routing_for(batch: int) -> bool:
     """Whether the top-k posts its work list as one self-flagged word a slot that the expert tasks' producers
     poll (schedule.StepShape's ``posted_routing``) instead of their waiting on its barrier and then reading the
-    route buffer: the routing hop loses the top-k's fence and one round trip to L2. On at batch 1 only. The
+    route buffer: the routing hop loses the top-k's fence and one round trip to L2. On at batch 1 and 2. The
     kernel alone at 8K, outputs bit-equal, one process a batch with an A/A control: on an H100 (session AN,
     benchmarks/results/h100-2026-12-05-session-an) -1.07% at batch 1 in call 1 (the control's rounds -0.69 ..
     -0.02%) and -2.00% in call 2 (rounds -3.05 .. -1.37%, the control's -0.56 .. +0.73%), -0.09% at batch 2
-    (inside its control). The H200 measured it before the MoE combine checked the top-k first (1e59c78):
-    +0.19 / -0.11 / +0.25 / +0.30% at batch 1 / 2 / 4 / 8, the hop 1.8 -> 0.6 us at batch 1 but the layer's end
-    later (benchmarks/results/h200-2026-12-04-v2-session-ae, call 4); not measured there since."""
-    return batch == 1
+    (inside its control). On an H200 after the top-k's early post (session AR,
+    benchmarks/results/h200-2026-12-06-session-ar, calls 11-13, with posted scores where they are on): turning it
+    off cost +2.16 / +2.06% at batch 1 in two processes (every round above every control round); at batch 2
+    -0.54 / -0.64% alone and -1.10 / -1.11% with posted scores (posted_scores_for), whose rounds sat below the
+    control's in one process and overlapped them by 0.3 points in the other. Before the early post the H200 had
+    measured it +0.19 / -0.11 / +0.25 / +0.30% at batch 1 / 2 / 4 / 8 (benchmarks/results/h200-2026-12-04-v2-
+    session-ae, call 4), and turning it off -0.77% at batch 1 (session AO); batch 4 with posted scores -0.61%,
+    inside its control's rounds (-1.29 .. +0.68%): off there."""
+    return batch <= 2
 
 
 def stages_in_flight_for(batch: int) -> int:
@@ -366,13 +371,16 @@ def posted_scores_for(batch: int) -> bool:
     """Whether each ROUTER task also posts its scores as the top-k's ranking keys and the top-k polls them
     (schedule.StepShape's ``posted_scores``) instead of waiting on the router wave's barrier: the routing hop
     loses the routers' fences and signals, the barrier's round trip and the top-k's second read of the scores.
-    On at batch 1 only. The kernel alone at 8K on an H100, outputs bit-equal, each process with an A/A control
+    On at batch 1 and 2. The kernel alone at 8K, outputs bit-equal, each process with an A/A control. On an H100
     (session AQ, benchmarks/results/h100-2026-12-06-session-aq, PERF_LOG #190): batch 1 -0.69% (rounds -1.89 ..
     -0.51%, the control's -0.18 .. +0.41%) and -1.41% (-2.46 .. -1.25%; control -0.58 .. +0.19%) in two processes,
     -0.7% in kernel_profile; batch 2 -0.27% with the top-k's barrier (a form since refused: schedule.StepShape) and
-    -0.52% with posted routing, both inside the control's rounds (-0.25 .. +2.51%). Not measured on an H200.
+    -0.52% with posted routing, both inside the control's rounds (-0.25 .. +2.51%). On an H200 (session AR,
+    benchmarks/results/h200-2026-12-06-session-ar, PERF_LOG #191): batch 1 without them -0.08 / -0.22%, inside the
+    spread between main and its control; batch 2 with posted routing -1.10 / -1.11% against main's barrier path
+    (posted routing alone -0.54 / -0.64%).
     Only with posted routing (StepShape refuses it without)."""
-    return batch == 1
+    return batch <= 2
 
 
 def score_post_words(dims, batch: int) -> int:
