@@ -17,8 +17,10 @@ so the prefill, cached or not, is outside the interval; repeated (median and spr
 warm-up. (Until 2026-12-01 the rate was N / (t(N + 1 tokens) - t(1 token)) over two separate runs, which a
 1-token run with a slow prefill inflated past the speed of light: see
 benchmarks/results/h200-2026-12-01-v2-claims-vs-stock-8k.) The stock side also measures how many distinct
-experts a step at each batch size runs (benchmarks.routing_probe, on the engine's own weights), which the
-speed of light uses. The orchestrator also measures HBM bandwidth
+experts a step at each batch size runs (benchmarks.routing_probe, on the engine's own weights, over a short
+synthetic history), and the megakernel side reads how many its last step of each case routed (the route
+buffer's per-layer counts, which a replayed CUDA graph leaves behind); the speed of light uses the run's count
+where there is one (benchmarks.report). The orchestrator also measures HBM bandwidth
 and writes results.json, table.md and PNG plots (benchmarks.report). A progress line is printed per case.
 Cases whose sequences do not all fit the KV cache at once (counted per KV-cache group, as vLLM allocates:
 benchmarks.kv_fit) are skipped and say so. If the megakernel side
@@ -46,6 +48,18 @@ from vllm_megakernel.options import UNIFORM_ROUTING
 def _decision(model) -> dict:
     d = getattr(model, "megakernel_decision", None)
     return {"use_megakernel": bool(d and d.use_megakernel), "decision": d.log_line() if d else "plugin not loaded"}
+
+
+def graph_batch(batch: int, capture_sizes) -> int:
+    """The size a decode batch runs at: vLLM pads it to the smallest CUDA-graph size that holds it (none: as is)."""
+    return min((s for s in capture_sizes or () if s >= batch), default=batch)
+
+
+def _run_routed_experts(model, batch: int) -> float | None:
+    """For ``LLM.apply_model`` after a case's runs: the distinct experts per MoE layer the megakernel's last step
+    of that size routed (MegakernelDecoder.last_routed_experts), or None without the megakernel."""
+    mk = getattr(model, "megakernel", None)
+    return mk.last_routed_experts(batch) if mk is not None else None
 
 
 LEN_MARGIN = 16  # max_model_len headroom over the longest context plus its new tokens
@@ -150,6 +164,9 @@ def worker(args) -> None:
                 timings.append([to_first, decode])
             # (seconds to every request's first token, seconds of the N decode steps) per repeat
             out.update(status="ok", per_request_tok_s=rates, timings_s=timings)
+            if args.side == "megakernel":  # the run's own routing: every request ended on one step of this size
+                size = graph_batch(b, vllm_config.compilation_config.cudagraph_capture_sizes)
+                out["run_distinct_experts"] = llm.apply_model(lambda m, s=size: _run_routed_experts(m, s))[0]
         results.append(out)
         write_json_atomic(args.out, results)  # after every case: a run cut short keeps what it measured
         med = statistics.median(out["per_request_tok_s"]) * b if out["status"] == "ok" else None

@@ -8,7 +8,8 @@ Result layout (written by benchmarks.decode_sweep):
     {"env": {...}, "bandwidth_bytes_per_s": float, "new_tokens": int, "config": {...model config...},
      "sides": {"megakernel": {"use_megakernel": bool, "decision": str}, "stock": {...}},
      "cases": [{"side", "batch", "context", "status": "ok" | "skipped" | "failed", "reason",
-                "per_request_tok_s": [one per repeat], "distinct_experts": float | None}]}
+                "per_request_tok_s": [one per repeat], "distinct_experts": float | None,
+                "run_distinct_experts": float | None (megakernel cases since session AR)}]}
 """
 
 from __future__ import annotations
@@ -44,8 +45,13 @@ def summarize(result: dict) -> list[dict]:
         row = {"batch": batch, "context": context}
         distinct = [c.get("distinct_experts") for c in sides.values() if c.get("distinct_experts")]
         row["distinct_experts"] = distinct[0] if distinct else None
-        row["distinct_source"] = "measured" if distinct else "uniform"
-        d = row["distinct_experts"] or expected_distinct_experts(mb.num_experts, mb.top_k, batch)
+        # the routing probe's count comes from a short synthetic history; the megakernel's last step of the case
+        # routed the run's own (its route buffer's counts), so that one sets the bytes where it was read
+        run = [c.get("run_distinct_experts") for c in sides.values() if c.get("run_distinct_experts")]
+        row["run_distinct_experts"] = run[0] if run else None
+        row["distinct_source"] = "run" if run else "measured" if distinct else "uniform"
+        d = row["run_distinct_experts"] or row["distinct_experts"] \
+            or expected_distinct_experts(mb.num_experts, mb.top_k, batch)
         row["distinct_used"] = d
         # a merged result keeps each case's own run's bandwidth
         bw = next((c["bandwidth_bytes_per_s"] for c in sides.values() if "bandwidth_bytes_per_s" in c),
@@ -61,7 +67,7 @@ def summarize(result: dict) -> list[dict]:
             row[side] = statistics.median(agg)
             row[f"{side}_spread"] = (min(agg), max(agg))
             sol = row["sol_tok_s"]
-            if uniform_both and side == "stock" and not row["distinct_experts"]:
+            if uniform_both and side == "stock":  # stock's own draws (the probe does not run under the simulator)
                 sol = sol_tokens_per_s(mb, batch, context, bw,
                                        expected_distinct_experts_with_replacement(mb.num_experts, mb.top_k, batch))
             row[f"{side}_pct_sol"] = 100.0 * row[side] / sol
@@ -129,9 +135,16 @@ def markdown(result: dict) -> str:
             return f"{r[f'{side}_pct_sol']:.0f}%" if r[side] is not None else "-"
 
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
-        dist = f"{r['distinct_used']:.1f}" + ("" if r["distinct_source"] == "measured" else " (uniform)")
+        dist = f"{r['distinct_used']:.1f}" + {"measured": "", "run": " (run)", "uniform": " (uniform)"}[r["distinct_source"]]
         lines.append(f"| {r['batch']} | {tokens_label(r['context'])} | {cell('stock')} | {cell('megakernel')} | "
                      f"{ratio} | {dist} | {r['sol_tok_s']:.0f} | {pct('stock')} | {pct('megakernel')} |")
+    if any(r["distinct_source"] == "run" for r in rows):
+        lines.append("\n\"(run)\": the distinct experts per MoE layer that the megakernel's last decode step of the "
+                     "case routed, which the SOL column counts for both sides (the same weights and prompts; stock's "
+                     "own routing, inside its CUDA graphs, is not read)" + "".join(
+                         f"; batch {r['batch']}, {tokens_label(r['context'])}: the routing probe's "
+                         f"{r['distinct_experts']:.1f}" for r in rows
+                         if r["distinct_source"] == "run" and r["distinct_experts"]) + ".")
     for r in rows:
         for side in ("stock", "megakernel"):
             if r[side] is not None and r[f"{side}_pct_sol"] > 100:

@@ -203,6 +203,36 @@ def test_a_rate_above_the_speed_of_light_is_flagged_as_invalid(config):
     assert "stock at batch 8" not in table
 
 
+def test_the_sol_counts_the_experts_the_megakernels_own_steps_routed_where_the_run_read_them(config):
+    """A long history can route a batch's rows to fewer distinct experts than the routing probe's short one: the
+    megakernel side reads its last step's count (run_distinct_experts), and the speed of light of both sides uses
+    it, the table marking the count "(run)" and naming the probe's figure beside it."""
+    result = recorded(config)
+    for c in result["cases"]:
+        if c["batch"] == 8 and c["context"] == 8192:
+            c["distinct_experts"] = 51.4 if c["side"] == "stock" else None
+            if c["side"] == "megakernel":
+                c["run_distinct_experts"] = 40.0
+    rows = {(r["batch"], r["context"]): r for r in report.summarize(result)}
+    row, other = rows[8, 8192], rows[8, 1024]
+    mb = ModelBytes.from_config(config)
+    assert row["distinct_source"] == "run" and row["distinct_used"] == 40.0
+    assert row["sol_tok_s"] == pytest.approx(sol_tokens_per_s(mb, 8, 8192, 4.28e12, 40.0))
+    assert row["sol_tok_s"] > sol_tokens_per_s(mb, 8, 8192, 4.28e12, 51.4)  # fewer bytes: a higher ceiling
+    assert row["stock_pct_sol"] == pytest.approx(100 * 1600 / row["sol_tok_s"])
+    assert other["distinct_source"] == "uniform"  # a case without either count keeps the formula
+    table = report.markdown(result)
+    assert "| 8 | 8K | 1600 (1568-1616) | 2400 (2352-2424) | 1.50x | 40.0 (run) |" in table
+    assert "batch 8, 8K: the routing probe's 51.4" in table
+
+
+def test_a_decode_batch_runs_at_the_smallest_cuda_graph_size_that_holds_it():
+    from benchmarks.decode_sweep import graph_batch
+
+    assert [graph_batch(b, [1, 2, 4, 8, 16]) for b in (1, 3, 8, 9, 17)] == [1, 4, 8, 16, 17]
+    assert graph_batch(5, None) == 5
+
+
 def test_a_stock_only_baseline_says_so_and_plots_no_speedup(config, tmp_path):
     result = recorded(config)
     result["cases"] = [c for c in result["cases"] if c["side"] == "stock"]

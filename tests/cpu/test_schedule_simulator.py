@@ -791,6 +791,31 @@ def test_any_task_prefix_runs_to_completion(dims):
         simulate.run(sched.truncated(n))
 
 
+def test_the_route_buffer_keeps_each_moe_layers_distinct_experts_for_a_graph_replayed_step(dims, weights):
+    """runtime.routed_experts reads the per-layer slot counts a step's top-k left in the route buffer (written
+    here by the CPU simulator in the kernel's layout): each equals the distinct experts the reference routed for
+    the live rows; mean_routed_experts refuses the words of a step of another size."""
+    from vllm_megakernel.megakernel import runtime
+
+    batch = 3
+    sim = PagedKVSim(dims, num_requests=batch, max_len=40, block_size=4, seed=3)
+    sim.fill_history([30, 9, 0], generator=torch.Generator().manual_seed(3))
+    inp = sim.step([7, 8, None])  # the third row is padding: not routed
+    sched = tiny_schedule(dims, batch)
+    numerics = simulate.Numerics(sched, weights, inp)
+    simulate.run(sched, numerics)
+    ws = runtime.allocate_workspace(dims, [(batch, 2), (8, 2)], *weights.intermediates(), device="cpu",
+                                    dtype=torch.float32)
+    numerics.store_workspace(ws)
+    routing: dict = {}
+    ref.decode_step(dims, weights, inp, routing=routing)
+    want = {layer: len(set(choice[:2].flatten().tolist())) for layer, (_, choice) in routing.items()}
+    got = runtime.routed_experts(ws, dims, batch)
+    assert got == want and min(want.values()) > dims.top_k  # two live rows, and they share no full set
+    assert runtime.mean_routed_experts(ws, dims, batch) == pytest.approx(sum(want.values()) / len(want))
+    assert runtime.mean_routed_experts(ws, dims, 8) is None  # batch 8's words are not where batch 3 wrote
+
+
 def test_workspace_round_trip_resumes_the_step_exactly(dims, weights):
     """Run the step to the middle of a MoE layer with torch ops, store the state in the kernel's workspace
     layout, load it into a fresh interpreter, finish the step there: same output as one uninterrupted run.

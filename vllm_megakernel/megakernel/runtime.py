@@ -103,6 +103,27 @@ def routing_log(workspace: dict[str, torch.Tensor], dims, batch: int) -> torch.T
     return workspace["route_log"].view(-1)[:n].view(dims.num_layers, batch, dims.top_k)
 
 
+def routed_experts(workspace: dict[str, torch.Tensor], dims, batch: int) -> dict[int, int]:
+    """Each MoE layer's count of distinct experts (its routed slots) in the last launch of a ``batch``-row step:
+    the route buffer's layer_active words (layout.route_offsets), which each layer's top-k writes and no later
+    task of the step rewrites. Readable after a CUDA graph replayed the step, where no Python ran. Their place
+    depends on ``batch``: after a launch of another size they hold that launch's other words."""
+    at = layout.route_offsets(dims, batch)["layer_active"]
+    words = workspace["route"][at:at + dims.num_layers].tolist()
+    return {layer: n for layer, n in enumerate(words) if not dims.dense[layer]}
+
+
+def mean_routed_experts(workspace: dict[str, torch.Tensor], dims, batch: int) -> float | None:
+    """:func:`routed_experts`' mean over MoE layers, or None unless every layer's count could be a ``batch``-row
+    step's (top_k to min(experts, batch x top_k): a live row routes top_k distinct experts), as when a launch of
+    another size, or none, was the last."""
+    counts = routed_experts(workspace, dims, batch)
+    most = min(dims.num_experts, batch * dims.top_k)
+    if not counts or any(not dims.top_k <= n <= most for n in counts.values()):
+        return None
+    return sum(counts.values()) / len(counts)
+
+
 def _route_posts_at(schedule: Schedule | EncodedSchedule) -> int:
     """int32 word of the step's barrier array where the posted route words start: after the barriers, 8-byte
     aligned."""

@@ -206,6 +206,12 @@ class MegakernelDecoder:
         row; -1 on layers without experts."""
         return runtime.routing_log(self.workspace, self.dims, batch)
 
+    def last_routed_experts(self, batch: int) -> float | None:
+        """The distinct experts per MoE layer that the last launch of a ``batch``-row step routed, eager or
+        replayed (runtime.mean_routed_experts; None if another size ran last), for a speed of light from the
+        run's own routing. ``batch`` is the size the step ran at: vLLM's CUDA-graph size for the decode batch."""
+        return runtime.mean_routed_experts(self.workspace, self.dims, batch)
+
     def _shape(self, batch: int) -> StepShape:
         return StepShape(batch=batch, num_sms=self.num_sms)
 
