@@ -1,12 +1,17 @@
 """Inside one vllm.LLM (eager, megakernel on): on every pure-decode step, run the megakernel AND vLLM's
 stock forward on the same inputs and KV cache, keep vLLM's output, and record the per-row cosine between
-the two final hidden states and between the two sides' logits, and where their expert choices part.
+the two final hidden states and between the two sides' logits, and where their expert choices part; and the
+cosine between the two sides' attention outputs of the last layer (a full-attention one in this model): over a
+long history an attention output is an average of many value rows that moves the hidden state by little, so a
+kernel that skipped part of the history could keep the hidden states close while its own attention output would
+not be.
 
 Router logits are bf16, so two experts can be equally good to within rounding and two correct paths may
 route a row differently; once they do, that row's later layers see different inputs. So for every live row
 the script records the first MoE layer whose expert set differs (or -1) and whether that difference is a
-near-tie in stock's own sigmoid scores (reference.is_near_tie). Prints one JSON line: {"rows": [[hidden_cos, logit_cos, first_flip_layer, near_tie],
-...] per step, "steps": N, "batches": [...]}.
+near-tie in stock's own sigmoid scores (reference.is_near_tie). Prints one JSON line: {"rows": [[hidden_cos, logit_cos,
+first_flip_layer, near_tie, last_attention_cos], ...] per step, "steps": N, "batches": [...], "attention_layer": L,
+"attention_layer_full": bool}.
 
     python tests/gpu/stepwise_compare.py MODEL_DIR [--prompt-lens 16,100,...] [--max-num-seqs N]
 
@@ -53,12 +58,19 @@ def patch(model):
     for i in moe_layers:  # stock's router logits, as its forward computes them
         model.model.layers[i].mlp.gate.register_forward_hook(
             lambda mod, args, out, i=i: stock_logits.__setitem__(i, out[0].detach().clone()))
+    # the last layer's attention output, the O projection's input: stock's from its forward, the megakernel's left
+    # in its workspace (each layer's combine rewrites "attn", and no task after the last layer's O projection does)
+    stock_attn = {}
+    model.model.layers[-1].self_attn.o_proj.register_forward_pre_hook(
+        lambda mod, args: stock_attn.__setitem__("out", args[0].detach().clone()))
+    width = mk.dims.num_heads * mk.dims.head_dim
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
         if mk.eligible(input_ids, inputs_embeds, intermediate_tensors):
             batch = input_ids.shape[0]
             ours = mk.decode(input_ids, positions).clone()
             chosen = mk.recorded_routing(batch).clone()
+            ours_attn = mk.workspace["attn"][:batch * width].view(batch, width).clone()
             # vLLM's forward rewrites the same K/V slots with its own values, so the next step starts
             # from stock's cache: every step is compared on identical inputs.
             stock = super(cls, self).forward(input_ids, positions, intermediate_tensors, inputs_embeds)
@@ -68,10 +80,12 @@ def patch(model):
             # vLLM's own logits head on both (the base class's, so no error poisoning is involved)
             logits = [super(cls, self).compute_logits(h[:batch]).float() for h in (ours, stock)]
             logit_cos = torch.nn.functional.cosine_similarity(*logits, dim=-1)
+            attn_cos = torch.nn.functional.cosine_similarity(
+                ours_attn.float(), stock_attn["out"][:batch].reshape(batch, width).float(), dim=-1)
             rows = []
             for r in live:
                 layer, tie = first_flip(chosen, stock_logits, moe_layers, r, mk.dims.top_k)
-                rows.append([cos[r].item(), logit_cos[r].item(), layer, tie])
+                rows.append([cos[r].item(), logit_cos[r].item(), layer, tie, attn_cos[r].item()])
             self._stepwise_rows.append(rows)
             return stock
         return super(cls, self).forward(input_ids, positions, intermediate_tensors, inputs_embeds)
@@ -103,8 +117,10 @@ def main():
     params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens - (i % 8) * (args.max_tokens // 10),
                              ignore_eos=True) for i in range(len(prompts))]
     llm.generate(prompts, params)
-    rows = llm.apply_model(lambda m: m._stepwise_rows)[0]
-    print(json.dumps({"rows": rows, "steps": len(rows), "batches": [len(r) for r in rows]}))
+    rows, last, last_full = llm.apply_model(
+        lambda m: (m._stepwise_rows, m.megakernel.dims.num_layers - 1, not m.megakernel.dims.sliding[-1]))[0]
+    print(json.dumps({"rows": rows, "steps": len(rows), "batches": [len(r) for r in rows],
+                      "attention_layer": last, "attention_layer_full": last_full}))
 
 
 if __name__ == "__main__":
