@@ -6,7 +6,8 @@
 Each side runs in its own process (plugins and the switch are per process) with vLLM's defaults otherwise
 (torch.compile and its CUDA graphs on, FA3, Triton MoE, async scheduling); prefix caching is off so every
 request is prefilled, unless --cache-prompts: then the warm-up leaves each case's prompts in vLLM's prefix
-cache and the timed runs recompute only their last block, which takes the prefill (B x context tokens,
+cache (the workers run with VLLM_PREFIX_CACHE_RETENTION_INTERVAL=0, without which 8 prompts of 128K missed it:
+worker_command) and the timed runs recompute only their last block, which takes the prefill (B x context tokens,
 minutes at 32K-128K contexts) out of every timed run without changing the decode work both terms
 contain; a batch's prompts are the smaller batches' plus new ones, so a warm-up prefills only the new ones
 while they stay cached. Per case, with random prompt ids, ignore_eos and greedy sampling, one run of N + 1
@@ -62,6 +63,7 @@ def _run_routed_experts(model, batch: int) -> float | None:
     return mk.last_routed_experts(batch) if mk is not None else None
 
 
+RETENTION_VAR = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"  # vLLM's: which sliding-window blocks keep a prefix hash
 LEN_MARGIN = 16  # max_model_len headroom over the longest context plus its new tokens
 
 
@@ -190,6 +192,16 @@ def worker_command(args, side: str, cases: list[dict], part: Path) -> tuple[list
     env = dict(os.environ)
     # --uniform-routing is the one way to simulate routing, so the recorded env always says what ran
     env.pop("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", None)
+    env.pop(RETENTION_VAR, None)
+    if args.cache_prompts:
+        # By default vLLM keeps a hash on every sliding-window block, and a freed block with a hash goes to the free
+        # queue's tail, where the next allocations evict it last but in order: at 8 x 128K the later prompts'
+        # prefills evict the first window blocks an earlier prompt freed at its first decode step, a replay's
+        # sliding groups then find fewer than the window's 256 blocks in a row, the hybrid hit drops to 0 in every
+        # group, and every timed run prefilled again (session AR, 42 s a run; a CPU replay of vLLM's scheduler and
+        # KV-cache manager showed it at batch 8 and 16, not 4). Retention 0 hashes only each prompt's replay
+        # boundary, so the blocks freed behind the window carry no hash and are reused first.
+        env[RETENTION_VAR] = "0"
     probe = args.probe_routing
     if args.uniform_routing:
         env["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = UNIFORM_ROUTING
@@ -226,7 +238,8 @@ def environment(args) -> dict:
             "graph_mode": "vLLM default (FULL_AND_PIECEWISE, torch.compile)", "attention": "vLLM default (FA3)",
             "moe": "vLLM default (Triton on Hopper)",
             "routing_simulation": f"{UNIFORM_ROUTING} (both sides)" if args.uniform_routing else "off",
-            "prefix_caching": args.cache_prompts}
+            "prefix_caching": args.cache_prompts,
+            **({"prefix_cache_retention": "0 (vLLM keeps each prompt's replay boundary)"} if args.cache_prompts else {})}
 
 
 def main(argv=None) -> None:

@@ -282,6 +282,24 @@ def test_uniform_routing_simulates_both_sides_and_its_sol_uses_the_uniform_formu
     assert row["megakernel_pct_sol"] == pytest.approx(100 * 2400 / row["sol_tok_s"])
 
 
+def test_cached_prompts_run_with_vllms_sliding_window_blocks_hashed_only_at_each_prompts_replay_boundary(
+        tmp_path, monkeypatch):
+    """With --cache-prompts both workers get VLLM_PREFIX_CACHE_RETENTION_INTERVAL=0 (at 8 x 128K vLLM's default
+    evicted the window blocks a replay needs, and every timed run prefilled again); without it an exported value
+    does not leak into a worker, so the recorded settings say what ran."""
+    from benchmarks import decode_sweep
+
+    monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "4096")
+    args = argparse.Namespace(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
+                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, cache_prompts=True)
+    for side in ("stock", "megakernel"):
+        cmd, env = decode_sweep.worker_command(args, side, [], tmp_path / f"{side}.json")
+        assert env["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] == "0" and "--cache-prompts" in cmd
+    args.cache_prompts = False
+    cmd, env = decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")
+    assert "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" not in env and "--cache-prompts" not in cmd
+
+
 def test_a_sweep_cut_short_keeps_the_cases_it_finished(config, tmp_path):
     from benchmarks import decode_sweep
 

@@ -7,9 +7,10 @@
 # `1,2,4,8 8192 560` (366 s); the device tool brings back at most 8 files, so it lost three of them: the results now
 # come back as one archive. `bash call-sweep.sh [BATCHES] [CONTEXTS] [SECONDS] [DECODE_SWEEP FLAGS]` (default
 # 1,8 / 8192 / 480 / none). Session AR ran `8 131072 590` (586 s): at 128K and batch 8 the prompts did not stay
-# in the prefix cache, so every run of both sides prefilled again (42 s each, four a side); batch 16 at 128K or
-# 256K at batch 8 in one call needs `--repeats 1` as the fourth argument (one timed run after the warm-up) or
-# the cache misses understood.
+# in the prefix cache, so every run of both sides prefilled again (42 s each, four a side). decode_sweep now runs
+# its workers with VLLM_PREFIX_CACHE_RETENTION_INTERVAL=0, which a CPU replay of vLLM's scheduler showed keeps
+# batch 8 and 16 cached at 128K (not yet run on a GPU); if the timed runs still take tens of seconds to their
+# first token, `--repeats 1` as the fourth argument keeps batch 16 at 128K or 256K at batch 8 inside one call.
 # Results in $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1
