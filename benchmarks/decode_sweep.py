@@ -12,9 +12,11 @@ minutes at 32K-128K contexts) out of every timed run without changing the decode
 contain; a batch's prompts are the smaller batches' plus new ones, so a warm-up prefills only the new ones
 while they stay cached. Per case, with random prompt ids, ignore_eos and greedy sampling, one run of N + 1
 new tokens per repeat, its engine steps timed one by one (decode_interval):
-    per-request decode tok/s = N / (time from the step that gave every request its first token to the
-                                    step that finished the last),
-so the prefill, cached or not, is outside the interval; repeated (median and spread reported) after one
+    per-request decode tok/s = S / (time from the step that gave every request its first token to the step
+                                    in which the first request finished),
+S the steps in between, each a decode step of the whole batch (N when the prefills all end on one step), so the
+prefill, cached or not, is outside the interval and so is a tail of smaller batches (until session AR the interval
+ran to the last request's end, which staggered prefills at 8 x 128K turned into a shrinking batch's tail); repeated (median and spread reported) after one
 warm-up. (Until 2026-12-01 the rate was N / (t(N + 1 tokens) - t(1 token)) over two separate runs, which a
 1-token run with a slow prefill inflated past the speed of light: see
 benchmarks/results/h200-2026-12-01-v2-claims-vs-stock-8k.) The stock side also measures how many distinct
@@ -31,6 +33,7 @@ could not run the megakernel, the table says so plainly instead of showing a spe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -81,26 +84,56 @@ def check_contexts(contexts: list[int], new_tokens: int, config: dict) -> None:
 _REQUEST_IDS = itertools.count()  # request ids unique over the engine's life
 
 
-def decode_interval(engine, prompts, params, clock=None) -> tuple[float, float]:
-    """Runs ``prompts`` to completion on a vLLM ``LLMEngine``, stepping it here; returns (seconds until every
-    request had its first token, seconds from then until the last request finished). With ``max_tokens``
-    N + 1 the second interval holds exactly N decode steps of the whole batch and none of the prefill."""
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """One run's timing (decode_interval)."""
+    to_first_s: float  # until every request had its first token
+    seconds: float  # the whole-batch decode steps after that: every request live, none finished before
+    steps: int  # how many such steps
+    whole: bool  # every request finished on the run's last step: the steps are all of the run's decode
+
+    @property
+    def per_request_tok_s(self) -> float:
+        return self.steps / self.seconds
+
+
+def decode_interval(engine, prompts, params, clock=None) -> Interval:
+    """Runs ``prompts`` to completion on a vLLM ``LLMEngine``, stepping it here, and times the steps in which the
+    whole batch decodes: from the step that gave every request its first token to the first step in which a
+    request finished. When the requests' prefills all end on one step (cached prompts) that is every decode step,
+    N for ``max_tokens`` N + 1; when they end step by step (chunked prefill, one long prompt after another), the
+    early requests decode alongside the later prefills and finish first, and the steps after that run a smaller
+    batch: those are left out (session AR's 8 x 128K runs, where they had inflated the rate past the speed of
+    light)."""
     clock = clock or time.perf_counter
     start = clock()
     for p in prompts:
         engine.add_request(f"sweep-{next(_REQUEST_IDS)}", p, params)
-    started: set[str] = set()
-    first = None
+    tokens: dict[str, int] = {}  # each request's output tokens so far (vLLM's outputs are cumulative)
+    first = end_full = None
+    at_first: dict[str, int] = {}
+    steps, whole = 0, False
     while engine.has_unfinished_requests():
         outputs = engine.step()
         now = clock()
-        started.update(o.request_id for o in outputs if o.outputs and o.outputs[0].token_ids)
-        if first is None and len(started) == len(prompts):
-            first = now
+        tokens.update((o.request_id, len(o.outputs[0].token_ids))
+                      for o in outputs if o.outputs and o.outputs[0].token_ids)
+        if first is None:
+            if len(tokens) == len(prompts):
+                first, at_first = now, dict(tokens)
+            continue
+        done = [o.request_id for o in outputs if getattr(o, "finished", False)]
+        if end_full is None and done:
+            # every request decoded once a step until here, so the first to finish counts the steps
+            end_full, steps, whole = now, tokens[done[0]] - at_first[done[0]], len(done) == len(prompts)
     end = clock()
     if first is None:
-        raise RuntimeError(f"only {len(started)} of {len(prompts)} requests produced a token")
-    return first - start, end - first
+        raise RuntimeError(f"only {len(tokens)} of {len(prompts)} requests produced a token")
+    if end_full is None:  # no request said it finished: the run's end, the fewest tokens any request added
+        end_full, steps, whole = end, min(tokens[r] - at_first[r] for r in tokens), True
+    if steps <= 0:
+        raise RuntimeError("no decode step of the whole batch after every request had its first token")
+    return Interval(to_first_s=first - start, seconds=end_full - first, steps=steps, whole=whole)
 
 
 def prompt_ids(seed: int, context: int, index: int) -> list[int]:
@@ -159,16 +192,17 @@ def worker(args) -> None:
 
             params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens + 1, ignore_eos=True)
             decode_interval(llm.llm_engine, prompts, params)  # warm-up at this shape
-            rates, timings = [], []
-            for _ in range(args.repeats):
-                to_first, decode = decode_interval(llm.llm_engine, prompts, params)
-                rates.append(args.new_tokens / decode)
-                timings.append([to_first, decode])
-            # (seconds to every request's first token, seconds of the N decode steps) per repeat
-            out.update(status="ok", per_request_tok_s=rates, timings_s=timings)
-            if args.side == "megakernel":  # the run's own routing: every request ended on one step of this size
+            runs = [decode_interval(llm.llm_engine, prompts, params) for _ in range(args.repeats)]
+            # per repeat: seconds to every request's first token, seconds of the whole-batch decode steps, their
+            # count, and whether they were all of the run's decode (the requests' first tokens on one step)
+            out.update(status="ok", per_request_tok_s=[r.per_request_tok_s for r in runs],
+                       timings_s=[[r.to_first_s, r.seconds, r.steps, r.whole] for r in runs])
+            if args.side == "megakernel":
+                # the run's own routing, read from the last step's route words: a step of the whole batch only
+                # if every request finished on it
                 size = graph_batch(b, vllm_config.compilation_config.cudagraph_capture_sizes)
-                out["run_distinct_experts"] = llm.apply_model(lambda m, s=size: _run_routed_experts(m, s))[0]
+                out["run_distinct_experts"] = (llm.apply_model(lambda m, s=size: _run_routed_experts(m, s))[0]
+                                               if runs[-1].whole else None)
         results.append(out)
         write_json_atomic(args.out, results)  # after every case: a run cut short keeps what it measured
         med = statistics.median(out["per_request_tok_s"]) * b if out["status"] == "ok" else None

@@ -152,6 +152,13 @@ def markdown(result: dict) -> str:
                              f"{tokens_label(r['context'])} ran at {r[f'{side}_pct_sol']:.0f}% of the speed of light, "
                              "so it moved fewer bytes than the model must (the side skipped work, or the count is "
                              "wrong).")
+    for c in result["cases"]:  # decode_sweep since session AR: [to first token, seconds, steps, whole] per run
+        partial = [run for run in c.get("timings_s") or [] if len(run) == 4 and not run[3]]
+        if partial:
+            lines.append(f"\n{c['side']} batch {c['batch']} at {tokens_label(c['context'])}: in {len(partial)} of "
+                         f"{len(c['timings_s'])} runs the prefills ended on different steps, so the rate counts the "
+                         f"{min(r[2] for r in partial)}-{max(r[2] for r in partial)} steps of the whole batch before "
+                         f"the first request finished, not all {result['new_tokens']}.")
     for s in result.get("superseded", []):
         lines.append(f"\n{s['side']} batch {s['batch']} at {tokens_label(s['context'])}: one merged run did not "
                      f"finish it ({s['reason']}); the row comes from the run that did.")

@@ -1117,16 +1117,22 @@ def test_summarizing_accuracy_leaves_the_folder_as_it_is(tmp_path, capsys):
 
 class _FakeEngine:
     """Steps like vLLM's LLMEngine on a fake clock: prefill steps (``prefill_s`` each) that give the next
-    ``per_prefill`` requests their first token, then decode steps of ``step_s`` that add one token to every
-    request until it has ``max_tokens``."""
+    ``per_prefill`` requests their first token, then decode steps that add one token to every request until it
+    has ``max_tokens`` and cost ``step_s`` for the whole batch, less as requests finish. With ``mixed`` the
+    requests that have their first token also decode in the prefill steps, as vLLM's chunked prefill runs them."""
 
-    def __init__(self, clock, prefill_s, step_s, per_prefill):
+    def __init__(self, clock, prefill_s, step_s, per_prefill, mixed=False):
         self.clock, self.prefill_s, self.step_s, self.per_prefill = clock, prefill_s, step_s, per_prefill
+        self.mixed = mixed
         self.requests: dict[str, int] = {}  # id -> tokens so far
         self.max_tokens = 0
+        self.run_size = 0  # the requests of the current run, which a step of the whole batch decodes
 
     def add_request(self, request_id, prompt, params):
+        if not self.has_unfinished_requests():
+            self.run_size = 0
         self.requests[request_id] = 0
+        self.run_size += 1
         self.max_tokens = params.max_tokens
 
     def has_unfinished_requests(self):
@@ -1135,16 +1141,18 @@ class _FakeEngine:
     def step(self):
         import types
 
+        live = [r for r, n in self.requests.items() if 0 < n < self.max_tokens]
         waiting = [r for r, n in self.requests.items() if n == 0]
         if waiting:
             self.clock.now += self.prefill_s
-            batch = waiting[: self.per_prefill]
+            batch = waiting[: self.per_prefill] + (live if self.mixed else [])
         else:
-            self.clock.now += self.step_s
-            batch = [r for r, n in self.requests.items() if n < self.max_tokens]
+            self.clock.now += self.step_s * len(live) / self.run_size
+            batch = live
         for r in batch:
             self.requests[r] += 1
-        return [types.SimpleNamespace(request_id=r, outputs=[types.SimpleNamespace(token_ids=[0] * self.requests[r])])
+        return [types.SimpleNamespace(request_id=r, finished=self.requests[r] == self.max_tokens,
+                                      outputs=[types.SimpleNamespace(token_ids=[0] * self.requests[r])])
                 for r in batch]
 
 
@@ -1159,12 +1167,41 @@ def test_decode_interval_holds_the_decode_steps_and_none_of_the_prefill(per_pref
     clock = types.SimpleNamespace(now=100.0)
     engine = _FakeEngine(clock, prefill_s=3.0, step_s=0.01, per_prefill=per_prefill)
     params = types.SimpleNamespace(max_tokens=257)
-    to_first, decode = decode_interval(engine, ["p"] * 4, params, clock=lambda: clock.now)
+    run = decode_interval(engine, ["p"] * 4, params, clock=lambda: clock.now)
     prefill_steps = -(-4 // per_prefill)
-    # requests that got their first token early decode while the rest prefill; the interval starts when
-    # the last one has its first token and holds that one's 256 decode steps
-    assert to_first == pytest.approx(3.0 * prefill_steps)
-    assert decode == pytest.approx(256 * 0.01)
+    # the requests waiting for the others' prefill do not decode here, so all finish on the last step
+    assert run.to_first_s == pytest.approx(3.0 * prefill_steps)
+    assert (run.steps, run.whole) == (256, True) and run.seconds == pytest.approx(256 * 0.01)
+    assert run.per_request_tok_s == pytest.approx(100.0)
+
+
+def test_decode_interval_leaves_out_the_smaller_batches_after_staggered_prefills():
+    """Prompts prefilled one after another (chunked prefill of long prompts) decode while the later ones prefill,
+    so they finish first and the run's last steps hold fewer requests, each cheaper: timing to the last request's
+    end gave more than the whole batch's rate (session AR, 8 x 128K). The interval ends at the first request's
+    end: only steps of the whole batch, the run marked as not whole."""
+    import types
+
+    from benchmarks.decode_sweep import decode_interval
+
+    clock = types.SimpleNamespace(now=0.0)
+    engine = _FakeEngine(clock, prefill_s=3.0, step_s=0.01, per_prefill=1, mixed=True)
+    run = decode_interval(engine, ["p"] * 4, types.SimpleNamespace(max_tokens=257), clock=lambda: clock.now)
+    # at the fourth prefill step the first request has 4 tokens: 253 steps of all four follow until it ends
+    assert run.to_first_s == pytest.approx(12.0) and (run.steps, run.whole) == (253, False)
+    assert run.per_request_tok_s == pytest.approx(100.0)  # one token per request per 0.01-s step of the batch
+    tail_rate = 256 / (clock.now - 12.0)  # the old interval: to the last request's end, 3 cheaper steps in it
+    assert tail_rate > run.per_request_tok_s
+
+
+def test_the_table_says_when_a_runs_rate_counts_only_the_steps_before_its_first_request_finished(config):
+    result = recorded(config)
+    assert "prefills ended on different steps" not in report.markdown(result)
+    case = next(c for c in result["cases"] if c["side"] == "megakernel" and c["batch"] == 8 and c["context"] == 8192)
+    case["timings_s"] = [[40.0, 2.0, 199, False], [40.0, 2.0, 201, False], [0.3, 2.5, 1000, True]]
+    assert ("megakernel batch 8 at 8K: in 2 of 3 runs the prefills ended on different steps, so the rate counts "
+            "the 199-201 steps of the whole batch before the first request finished, not all 1000.") \
+        in report.markdown(result)
 
 
 _FAKE_SERVER = """
