@@ -36,8 +36,10 @@ STEPWISE_CASES = {
     # 128K context (full layers attend to all of it) next to a short one
     "128k": dict(prompt_lens="131072,2000", max_num_seqs=64, max_model_len=131200),
     # eight 128K requests: 16 attention splits a request at batch 8 (session AR's sweep measured this shape above
-    # the copy-bandwidth speed of light, PERF_LOG #193)
-    "128k_batch8": dict(prompt_lens=",".join(["131072"] * 8), max_num_seqs=64, max_model_len=131200),
+    # the copy-bandwidth speed of light, PERF_LOG #193). Their prefills take 8 steps each, one prompt after another,
+    # and the first requests decode meanwhile: 128 new tokens (the staggered limits 128 down to 44) leave about 40
+    # pure-decode steps of all eight
+    "128k_batch8": dict(prompt_lens=",".join(["131072"] * 8), max_num_seqs=64, max_model_len=131200, max_tokens=128),
 }
 
 
@@ -48,11 +50,15 @@ def test_each_decode_step_matches_stock_vllm_on_identical_inputs(shallow_checkpo
            "--prompt-lens", opts["prompt_lens"], "--max-num-seqs", str(opts["max_num_seqs"])]
     if "max_model_len" in opts:
         cmd += ["--max-model-len", str(opts["max_model_len"])]
+    if "max_tokens" in opts:
+        cmd += ["--max-tokens", str(opts["max_tokens"])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-6000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] >= 20
     print(f"{case}: decode batch sizes seen {sorted(set(result['batches']))}")
+    assert max(result["batches"]) == len(opts["prompt_lens"].split(",")) or opts["max_num_seqs"] < len(
+        opts["prompt_lens"].split(","))  # the whole batch decoded at least once (unless the slots are fewer)
     rows = [r for step in result["rows"] for r in step]
     same = [r for r in rows if r[2] == -1]
     flipped = [r for r in rows if r[2] != -1]
