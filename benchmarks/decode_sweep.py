@@ -16,7 +16,8 @@ new tokens per repeat, its engine steps timed one by one (decode_interval):
                                     in which the first request finished),
 S the steps in between, each a decode step of the whole batch (N when the prefills all end on one step), so the
 prefill, cached or not, is outside the interval and so is a tail of smaller batches (until session AR the interval
-ran to the last request's end, which staggered prefills at 8 x 128K turned into a shrinking batch's tail); repeated (median and spread reported) after one
+ran to the last request's end, which staggered prefills at 8 x 128K turned into a shrinking batch's tail); repeated
+(median and spread reported) after one
 warm-up. (Until 2026-12-01 the rate was N / (t(N + 1 tokens) - t(1 token)) over two separate runs, which a
 1-token run with a slow prefill inflated past the speed of light: see
 benchmarks/results/h200-2026-12-01-v2-claims-vs-stock-8k.) The stock side also measures how many distinct
@@ -97,6 +98,10 @@ class Interval:
         return self.steps / self.seconds
 
 
+class NoWholeBatch(RuntimeError):
+    """A run in which no step decoded every request (decode_interval): the case has no batch-B rate."""
+
+
 def decode_interval(engine, prompts, params, clock=None) -> Interval:
     """Runs ``prompts`` to completion on a vLLM ``LLMEngine``, stepping it here, and times the steps in which the
     whole batch decodes: from the step that gave every request its first token to the first step in which a
@@ -104,7 +109,9 @@ def decode_interval(engine, prompts, params, clock=None) -> Interval:
     N for ``max_tokens`` N + 1; when they end step by step (chunked prefill, one long prompt after another), the
     early requests decode alongside the later prefills and finish first, and the steps after that run a smaller
     batch: those are left out (session AR's 8 x 128K runs, where they had inflated the rate past the speed of
-    light)."""
+    light). ``whole`` (every request finished on the window's last step) is best effort: the engine core may admit
+    the first prompts a step before the rest, which leaves the rate right and the last steps one or two requests
+    short."""
     clock = clock or time.perf_counter
     start = clock()
     for p in prompts:
@@ -118,11 +125,15 @@ def decode_interval(engine, prompts, params, clock=None) -> Interval:
         now = clock()
         tokens.update((o.request_id, len(o.outputs[0].token_ids))
                       for o in outputs if o.outputs and o.outputs[0].token_ids)
+        done = [o.request_id for o in outputs if getattr(o, "finished", False)]
         if first is None:
+            if done:  # the batch never decodes whole: a later prompt was still waiting for its first token
+                raise NoWholeBatch(f"a request finished its {tokens[done[0]]} tokens before "
+                                   f"{len(prompts) - len(tokens)} of the {len(prompts)} prompts had their first "
+                                   "token: no step decoded the whole batch (more --new-tokens, or cached prompts)")
             if len(tokens) == len(prompts):
                 first, at_first = now, dict(tokens)
             continue
-        done = [o.request_id for o in outputs if getattr(o, "finished", False)]
         if end_full is None and done:
             # every request decoded once a step until here, so the first to finish counts the steps
             end_full, steps, whole = now, tokens[done[0]] - at_first[done[0]], len(done) == len(prompts)
@@ -183,6 +194,7 @@ def worker(args) -> None:
         out = {"side": args.side, "batch": b, "context": ctx, "kv_blocks": kv_blocks, "kv_blocks_needed": need,
                "kv_groups": describe(groups), "max_num_batched_tokens": batched,
                "distinct_experts": distinct.get(b), **info}
+        runs: list[Interval] = []
         if need > usable_blocks(kv_blocks):  # vLLM would run only part of the batch at a time: no batch-b rate
             out.update(status="skipped",
                        reason=f"does not fit the KV cache: {b} sequences of {ctx} + {args.new_tokens} tokens need "
@@ -191,8 +203,12 @@ def worker(args) -> None:
             prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, ctx, i)) for i in range(b)]
 
             params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens + 1, ignore_eos=True)
-            decode_interval(llm.llm_engine, prompts, params)  # warm-up at this shape
-            runs = [decode_interval(llm.llm_engine, prompts, params) for _ in range(args.repeats)]
+            try:
+                decode_interval(llm.llm_engine, prompts, params)  # warm-up at this shape
+                runs = [decode_interval(llm.llm_engine, prompts, params) for _ in range(args.repeats)]
+            except NoWholeBatch as e:
+                out.update(status="failed", reason=str(e))
+        if runs:
             # per repeat: seconds to every request's first token, seconds of the whole-batch decode steps, their
             # count, and whether they were all of the run's decode (the requests' first tokens on one step)
             out.update(status="ok", per_request_tok_s=[r.per_request_tok_s for r in runs],
@@ -273,7 +289,8 @@ def environment(args) -> dict:
             "moe": "vLLM default (Triton on Hopper)",
             "routing_simulation": f"{UNIFORM_ROUTING} (both sides)" if args.uniform_routing else "off",
             "prefix_caching": args.cache_prompts,
-            **({"prefix_cache_retention": "0 (vLLM keeps each prompt's replay boundary)"} if args.cache_prompts else {})}
+            **({"prefix_cache_retention": "0 (vLLM keeps each prompt's replay boundary)"}
+               if args.cache_prompts else {})}
 
 
 def main(argv=None) -> None:

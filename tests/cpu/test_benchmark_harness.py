@@ -1194,6 +1194,19 @@ def test_decode_interval_leaves_out_the_smaller_batches_after_staggered_prefills
     assert tail_rate > run.per_request_tok_s
 
 
+def test_a_run_whose_first_request_finishes_before_the_last_starts_has_no_batch_rate():
+    """Prefills spread over more steps than the requests' new tokens: the early requests are done before the last
+    one has its first token, so no step decodes the whole batch, and the case says so instead of timing fewer."""
+    import types
+
+    from benchmarks.decode_sweep import NoWholeBatch, decode_interval
+
+    clock = types.SimpleNamespace(now=0.0)
+    engine = _FakeEngine(clock, prefill_s=3.0, step_s=0.01, per_prefill=1, mixed=True)
+    with pytest.raises(NoWholeBatch, match="finished its 5 tokens before 3 of the 8 prompts had their first token"):
+        decode_interval(engine, ["p"] * 8, types.SimpleNamespace(max_tokens=5), clock=lambda: clock.now)
+
+
 def test_the_table_says_when_a_runs_rate_counts_only_the_steps_before_its_first_request_finished(config):
     result = recorded(config)
     assert "prefills ended on different steps" not in report.markdown(result)
