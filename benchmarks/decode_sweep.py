@@ -119,13 +119,12 @@ def decode_interval(engine, prompts, params, clock=None) -> Interval:
     tokens: dict[str, int] = {}  # each request's output tokens so far (vLLM's outputs are cumulative)
     first = end_full = None
     at_first: dict[str, int] = {}
-    steps, whole = 0, False
     while engine.has_unfinished_requests():
         outputs = engine.step()
         now = clock()
         tokens.update((o.request_id, len(o.outputs[0].token_ids))
                       for o in outputs if o.outputs and o.outputs[0].token_ids)
-        done = [o.request_id for o in outputs if getattr(o, "finished", False)]
+        done = [o.request_id for o in outputs if o.finished]
         if first is None:
             if done:  # the batch never decodes whole: a later prompt was still waiting for its first token
                 raise NoWholeBatch(f"a request finished its {tokens[done[0]]} tokens before "
@@ -137,13 +136,8 @@ def decode_interval(engine, prompts, params, clock=None) -> Interval:
         if end_full is None and done:
             # every request decoded once a step until here, so the first to finish counts the steps
             end_full, steps, whole = now, tokens[done[0]] - at_first[done[0]], len(done) == len(prompts)
-    end = clock()
-    if first is None:
-        raise RuntimeError(f"only {len(tokens)} of {len(prompts)} requests produced a token")
-    if end_full is None:  # no request said it finished: the run's end, the fewest tokens any request added
-        end_full, steps, whole = end, min(tokens[r] - at_first[r] for r in tokens), True
-    if steps <= 0:
-        raise RuntimeError("no decode step of the whole batch after every request had its first token")
+    if end_full is None:  # vLLM marks the output that carries a request's last token finished
+        raise RuntimeError(f"{len(tokens)} of {len(prompts)} requests produced a token and none reported finishing")
     return Interval(to_first_s=first - start, seconds=end_full - first, steps=steps, whole=whole)
 
 

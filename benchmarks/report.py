@@ -135,7 +135,8 @@ def markdown(result: dict) -> str:
             return f"{r[f'{side}_pct_sol']:.0f}%" if r[side] is not None else "-"
 
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
-        dist = f"{r['distinct_used']:.1f}" + {"measured": "", "run": " (run)", "uniform": " (uniform)"}[r["distinct_source"]]
+        source = {"measured": "", "run": " (run)", "uniform": " (uniform)"}[r["distinct_source"]]
+        dist = f"{r['distinct_used']:.1f}{source}"
         lines.append(f"| {r['batch']} | {tokens_label(r['context'])} | {cell('stock')} | {cell('megakernel')} | "
                      f"{ratio} | {dist} | {r['sol_tok_s']:.0f} | {pct('stock')} | {pct('megakernel')} |")
     if any(r["distinct_source"] == "run" for r in rows):

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from vllm_megakernel.megakernel import layout
 from vllm_megakernel.megakernel.abi import KERNEL, NO_BARRIER, ROUTED_OPS, Op, pack_route_post, unpack_route_post
-from vllm_megakernel.megakernel.runtime import workspace_dtype
+from vllm_megakernel.megakernel.runtime import routed_experts, workspace_dtype
 from vllm_megakernel.megakernel.schedule import POSTED_ROUTES, Schedule, Task
 from vllm_megakernel.reference import DecodeInputs, Weights, rms_norm, route, uniform_experts
 
@@ -552,8 +552,7 @@ class Numerics:
         counts = route[off["count"]:off["count"] + active]
         base = off["rows"]
         self.slot_rows = [route[base + s * B:base + s * B + counts[s]] for s in range(active)]
-        self.layer_active = {layer: route[off["layer_active"] + layer] for layer in range(self.dims.num_layers)
-                             if not self.dims.dense[layer]}
+        self.layer_active = routed_experts(ws, self.dims, B)
 
     def store_workspace(self, ws: dict[str, torch.Tensor]) -> None:
         """The inverse of :meth:`load_workspace`: writes this state in the kernel's layout."""
