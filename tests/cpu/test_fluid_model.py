@@ -8,7 +8,7 @@ import pytest
 
 from conftest import TINY_CONFIG
 from vllm_megakernel import reference as ref
-from vllm_megakernel.megakernel import fluid, trace
+from vllm_megakernel.megakernel import fluid, layout, trace
 from vllm_megakernel.megakernel.abi import Op
 from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 
@@ -53,12 +53,12 @@ def test_scaling_the_bandwidth_needs_the_fluid_model():
         schedule_model.main(["--model", "configs/north-mini-code", "--profile", "/nonexistent.json", "--scale-bandwidth"])
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 5])
 def test_every_task_runs_after_its_inputs_and_its_bytes_take_their_time(dims, batch):
     """The whole step finishes; each task starts no earlier than its barriers' completion (a task that polls its
-    inputs' words: than their writers' bodies' end; batch 1's top-k under posted scores) and ends no earlier than its
-    fixed costs and its bytes at the consumers' stage pace allow; an attention split past its request's keys streams
-    nothing and takes no time."""
+    inputs' words: than their writers' bodies' end; the top-k under posted scores, batch 1-4's default, not 5's) and
+    ends no earlier than its fixed costs and its bytes at the consumers' stage pace allow; an attention split past
+    its request's keys streams nothing and takes no time."""
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=6, attn_splits=4), TINY_I, TINY_DENSE_I)
     seq = [40 + 17 * r for r in range(batch)]
     nbytes = fluid.task_bytes(sched, seq, TINY_I, TINY_DENSE_I)
@@ -70,7 +70,7 @@ def test_every_task_runs_after_its_inputs_and_its_bytes_take_their_time(dims, ba
         if t.signal >= 0:
             signals.setdefault(t.signal, []).append(timed.end[t.index] + costs[t.wave].tail_us)
             bodies.setdefault(t.signal, []).append(timed.end[t.index])
-    assert any(t.polls_inputs for t in sched.tasks) == (batch == 1)
+    assert any(t.polls_inputs for t in sched.tasks) == layout.posted_scores_for(batch) == (batch < 5)
     for t in sched.tasks:
         s, e, c = timed.start[t.index], timed.end[t.index], costs[t.wave]
         for b in t.waits:

@@ -816,19 +816,22 @@ def test_the_route_buffer_keeps_each_moe_layers_distinct_experts_for_a_graph_rep
     assert runtime.mean_routed_experts(ws, dims, 8) is None  # batch 8's words are not where batch 3 wrote
 
 
-def test_workspace_round_trip_resumes_the_step_exactly(dims, weights):
+@pytest.mark.parametrize("posted_routing", [True, False], ids=["posted-routing", "barrier-routing"])
+def test_workspace_round_trip_resumes_the_step_exactly(dims, weights, posted_routing):
     """Run the step to the middle of a MoE layer with torch ops, store the state in the kernel's workspace
     layout, load it into a fresh interpreter, finish the step there: same output as one uninterrupted run.
     This pins load_workspace (used on the GPU to feed the kernel's own state to the torch version of the
-    next wave), including the route buffer's layout."""
+    next wave), including the route buffer's layout and, with posted routing (batch 1-4's default), the layer's
+    posted words, which the workspace does not hold and load_workspace rebuilds from the route buffer."""
     from vllm_megakernel.megakernel import runtime
 
     batch = 3
     sim = PagedKVSim(dims, num_requests=batch, max_len=40, block_size=4, seed=5)
     sim.fill_history([30, 9, 0], generator=torch.Generator().manual_seed(5))
     inp = sim.step([7, 8, None])
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1),
-                           *weights.intermediates())
+    sched = build_schedule(dims, StepShape(batch=batch, num_sms=5, attn_splits=2, attn_min_tiles=1,
+                                           posted_routing=posted_routing), *weights.intermediates())
+    assert sched.shape.posted_routing == posted_routing
     whole = simulate.decode_step(sched, weights, clone_inputs(inp))
 
     moe_layer = next(i for i, d in enumerate(dims.dense) if not d)
@@ -843,6 +846,7 @@ def test_workspace_round_trip_resumes_the_step_exactly(dims, weights):
     b.load_workspace(ws)
     assert b.slot_expert == a.slot_expert and b.slot_rows == a.slot_rows
     assert a.layer_active and all(b.layer_active[layer] == n for layer, n in a.layer_active.items())
+    assert b.posts.get(moe_layer) == a.posts.get(moe_layer) and (moe_layer in b.posts) == posted_routing
     for t in sched.tasks[cut:]:
         b(t)
     torch.testing.assert_close(b.out, whole, atol=0, rtol=0)
@@ -1003,14 +1007,15 @@ def test_every_expert_task_of_a_layer_waits_on_the_layers_routing(dims):
     RoutingSeen): the schedule builder refuses a layer whose expert tasks load-wait on different barriers."""
     from vllm_megakernel.megakernel.schedule import _check_routed_load_waits
 
-    s = tiny_schedule(dims, 3, num_sms=3)
-    _check_routed_load_waits(s.tasks, posted=False)
-    expert = [t for t in s.tasks if t.op in (Op.MOE_UPGATE, Op.MOE_DOWN)]
-    assert len({t.load_wait for t in expert if t.layer == expert[0].layer}) == 1
-    other = next(t for t in reversed(expert) if t.layer == expert[0].layer)
-    other.load_wait = expert[0].load_wait + 1
-    with pytest.raises(AssertionError, match="another barrier"):
-        _check_routed_load_waits(s.tasks, posted=False)
+    for posted in (False, True):  # the top-k's barrier, or with posted routing (batch 1-4's default) the router wave's
+        s = tiny_schedule(dims, 3, num_sms=3, posted_routing=posted)
+        _check_routed_load_waits(s.tasks, posted=posted)
+        expert = [t for t in s.tasks if t.op in (Op.MOE_UPGATE, Op.MOE_DOWN)]
+        assert len({t.load_wait for t in expert if t.layer == expert[0].layer}) == 1
+        other = next(t for t in reversed(expert) if t.layer == expert[0].layer)
+        other.load_wait = expert[0].load_wait + 1
+        with pytest.raises(AssertionError, match="another barrier"):
+            _check_routed_load_waits(s.tasks, posted=posted)
 
 
 @pytest.mark.parametrize("batch, order, fraction", [(1, "random", 0.4), (3, "reverse", 0.5), (5, "random", 0.3),

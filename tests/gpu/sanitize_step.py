@@ -33,11 +33,16 @@ def main():
                     help="the expert tasks' producers route the layer themselves (StepShape.local_routing)")
     ap.add_argument("--posted-routing", action="store_true",
                     help="the top-k posts its work list and the expert tasks' producers poll it (StepShape.posted_routing)")
+    ap.add_argument("--barrier-routing", action="store_true",
+                    help="the expert tasks wait on the top-k's barrier and read the route buffer, where the batch's "
+                         "default is posted routing (StepShape.posted_routing=False)")
     ap.add_argument("--posted-scores", action="store_true",
                     help="the routers post their scores as keys and the top-k polls them (StepShape.posted_scores)")
     ap.add_argument("--stages-in-flight", type=int, default=0,
                     help="the producer's cap on stages in flight (StepShape.stages_in_flight; 0: the batch's default)")
     args = ap.parse_args()
+    if args.barrier_routing and (args.posted_routing or args.posted_scores):
+        raise SystemExit("--barrier-routing: not with --posted-routing or --posted-scores")
     lengths = [int(n) for n in args.lengths.split(",")]
     if not lengths or min(lengths) < 0 or not any(lengths):
         raise SystemExit(f"--lengths {args.lengths}: histories >= 0 (0: padding), at least one live row")
@@ -53,7 +58,7 @@ def main():
     inp = sim.step([11 + i for i in range(len(live))] + [None] * (batch - len(live)))
     sched = build_schedule(dims, StepShape(batch=batch, num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
                                            attn_splits=args.splits, local_routing=args.local_routing or None,
-                                           posted_routing=args.posted_routing or None,
+                                           posted_routing=False if args.barrier_routing else args.posted_routing or None,
                                            posted_scores=args.posted_scores or None,
                                            stages_in_flight=args.stages_in_flight),
                            *w.intermediates())

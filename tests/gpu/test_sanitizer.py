@@ -22,17 +22,18 @@ HERE = Path(__file__).parent
 # further sanitize_step.py arguments. The ragged case is issue #11's: lengths around a KV block (16) and the
 # sliding window (4096), 32K and 128K in one batch with a padding row; its splits are the default's so that no
 # task walks 128K alone. The local-routing case runs the expert tasks' producers' own top-k (its cp.async copies
-# of the scores and its shared-memory work list) on the first case's batch, and the posted-routing case the
-# top-k's posted words and the producers' polls of them; at batch 1 the top-k
-# posts each word as soon as the row's experts are chosen (topk::post_one_row), and with posted scores polls the
-# routers' keys instead of waiting on their barrier; batch 2's default takes both (layout.posted_routing_for and
-# posted_scores_for), with the top-k posting its words after the work list. The capped case has the producer
-# wait for its stage two back to land before it claims a buffer (StepShape.stages_in_flight; batch 3's default
-# is the whole ring).
+# of the scores and its shared-memory work list) on the first case's batch. Batch 1 to 4's default is posted
+# routing with posted scores (layout.posted_routing_for and posted_scores_for): the routers post their scores as
+# keys that the top-k polls instead of waiting on their barrier, the top-k posts its work list as words that the
+# expert tasks' producers poll; at batch 1 the top-k posts each word as soon as the row's experts are chosen
+# (topk::post_one_row), at 2 to 4 after the work list. So the first case runs them at batch 3, and the
+# barrier-routing case keeps the top-k's barrier and route buffer (batch 5 and up's form) on the same batch. The
+# capped case has the producer wait for its stage two back to land before it claims a buffer
+# (StepShape.stages_in_flight; batch 3's default is the whole ring).
 CASES = {"4500-7-pad": ("4500,7,0", 4, []),
          "ragged-to-128k-pad": ("1,15,16,17,4095,4096,4097,32768,131072,0", 0, []),
          "4500-7-pad-local-routing": ("4500,7,0", 4, ["--local-routing"]),
-         "4500-7-pad-posted-routing": ("4500,7,0", 4, ["--posted-routing"]),
+         "4500-7-pad-barrier-routing": ("4500,7,0", 4, ["--barrier-routing"]),
          "4500-batch-1": ("4500", 4, []),
          "4500-batch-1-posted-scores": ("4500", 4, ["--posted-scores"]),
          "4500-7-batch-2": ("4500,7", 4, []),

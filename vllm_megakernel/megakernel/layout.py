@@ -294,7 +294,7 @@ def local_routing_for(batch: int) -> bool:
 def posted_routing_for(batch: int) -> bool:
     """Whether the top-k posts its work list as one self-flagged word a slot that the expert tasks' producers
     poll (schedule.StepShape's ``posted_routing``) instead of their waiting on its barrier and then reading the
-    route buffer: the routing hop loses the top-k's fence and one round trip to L2. On at batch 1 and 2. The
+    route buffer: the routing hop loses the top-k's fence and one round trip to L2. On at batch 1 to 4. The
     kernel alone at 8K, outputs bit-equal, one process a batch with an A/A control: on an H100 (session AN,
     benchmarks/results/h100-2026-12-05-session-an) -1.07% at batch 1 in call 1 (the control's rounds -0.69 ..
     -0.02%) and -2.00% in call 2 (rounds -3.05 .. -1.37%, the control's -0.56 .. +0.73%), -0.09% at batch 2
@@ -305,8 +305,11 @@ def posted_routing_for(batch: int) -> bool:
     control's in one process and overlapped them by 0.3 points in the other. Before the early post the H200 had
     measured it +0.19 / -0.11 / +0.25 / +0.30% at batch 1 / 2 / 4 / 8 (benchmarks/results/h200-2026-12-04-v2-
     session-ae, call 4), and turning it off -0.77% at batch 1 (session AO); batch 4 with posted scores -0.61%,
-    inside its control's rounds (-1.29 .. +0.68%): off there."""
-    return batch <= 2
+    inside its control's rounds (-1.29 .. +0.68%). Batch 3 and 4 with posted scores on an H100 (session AS,
+    benchmarks/results/h100-2026-12-06-session-as, calls 22-23, PERF_LOG #201), two processes each: batch 3 -0.65 /
+    -0.37%, batch 4 -0.51 / -0.36%, every round below main in all four (in the first process also below every
+    control round); with the H200's -0.61% at batch 4, on at 3 and 4 since."""
+    return batch <= 4
 
 
 def stages_in_flight_for(batch: int) -> int:
@@ -371,16 +374,18 @@ def posted_scores_for(batch: int) -> bool:
     """Whether each ROUTER task also posts its scores as the top-k's ranking keys and the top-k polls them
     (schedule.StepShape's ``posted_scores``) instead of waiting on the router wave's barrier: the routing hop
     loses the routers' fences and signals, the barrier's round trip and the top-k's second read of the scores.
-    On at batch 1 and 2. The kernel alone at 8K, outputs bit-equal, each process with an A/A control. On an H100
+    On at batch 1 to 4. The kernel alone at 8K, outputs bit-equal, each process with an A/A control. On an H100
     (session AQ, benchmarks/results/h100-2026-12-06-session-aq, PERF_LOG #190): batch 1 -0.69% (rounds -1.89 ..
     -0.51%, the control's -0.18 .. +0.41%) and -1.41% (-2.46 .. -1.25%; control -0.58 .. +0.19%) in two processes,
     -0.7% in kernel_profile; batch 2 -0.27% with the top-k's barrier (a form since refused: schedule.StepShape) and
     -0.52% with posted routing, both inside the control's rounds (-0.25 .. +2.51%). On an H200 (session AR,
     benchmarks/results/h200-2026-12-06-session-ar, PERF_LOG #191): batch 1 without them -0.08 / -0.22%, inside the
     spread between main and its control; batch 2 with posted routing -1.10 / -1.11% against main's barrier path
-    (posted routing alone -0.54 / -0.64%).
+    (posted routing alone -0.54 / -0.64%); batch 4 -0.61% with posted routing (inside the control). Batch 3 and 4 on
+    an H100 with posted routing (session AS, PERF_LOG #201): -0.65 / -0.37% and -0.51 / -0.36% in two processes
+    (posted_routing_for).
     Only with posted routing (StepShape refuses it without)."""
-    return batch <= 2
+    return batch <= 4
 
 
 def score_post_words(dims, batch: int) -> int:

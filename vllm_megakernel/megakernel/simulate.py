@@ -553,6 +553,14 @@ class Numerics:
         base = off["rows"]
         self.slot_rows = [route[base + s * B:base + s * B + counts[s]] for s in range(active)]
         self.layer_active = routed_experts(ws, self.dims, B)
+        # Posted routing: the words live in the step's barrier array, not here, but the top-k posts the work list it
+        # also writes to the route buffer (ops/router.cuh). The expert tasks a resumed step runs are those of the
+        # layer whose top-k wrote the route buffer last, or of later layers, whose top-k runs after the resume and
+        # posts again: so every MoE layer's words are the route buffer's list.
+        self.posts = {}
+        if self.s.shape.posted_routing:
+            words = [active] + [pack_route_post(e, rows) for e, rows in zip(self.slot_expert, self.slot_rows)]
+            self.posts = {layer: list(words) for layer in self.layer_active}
 
     def store_workspace(self, ws: dict[str, torch.Tensor]) -> None:
         """The inverse of :meth:`load_workspace`: writes this state in the kernel's layout."""
