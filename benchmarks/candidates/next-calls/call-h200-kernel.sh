@@ -9,11 +9,19 @@
 # (1) every kernel test (test_megakernel_step.py, test_each_opcode.py; 92 ran in ~125 s on an H100), on the new default;
 # (2) `benchmarks.ab.interleaved --copies 3` at batch 3 and 4, 8 rounds, an A/A control: main against nopr
 #     (`posted_routing=0`, which takes posted scores off too);
-# (3) kernel_profile at batch 1, 4, 8 and 64 (64 at 8K needs the H200's memory: an H100 leaves it out and says why).
-# Predictions (#201): nopr +0.3 to +0.8% at batch 3 and 4 on either GPU.
+# (3) kernel_profile at batch 1, 4, 8 and 64 (64 at 8K needs the H200's memory: an H100 leaves it out and says why);
+# (4) if build/stage_pace_probe is carried (built as benchmarks/candidates/stage-pace-probe/stage_pace_probe.cu's header
+#     says): the consumers' pace on resident stages, 8 warps against 4 (PERF_LOG #203-#204; ~5 s).
+# Predictions (#201): nopr +0.3 to +0.8% at batch 3 and 4 on either GPU. #204: the probe's 4 / 8 ratio.
 # `bash call-h200-kernel.sh [SECONDS]` (default 560; later stages are skipped on time). Results in $OUT/r.tgz.
 set -u
 source benchmarks/candidates/next-calls/call-lib.sh ${1:-560}
+if [ -x build/stage_pace_probe ]; then  # first: seconds, and it decides whether the two-group form is worth writing
+  timeout -k 5 60 build/stage_pace_probe > $res/stage-pace-probe.md 2>&1; stamp stage-pace-probe $?
+  cat $res/stage-pace-probe.md
+else
+  echo "stage-pace-probe: build/stage_pace_probe not carried, skipped"
+fi
 sanitize 4500-7-pad 120
 sanitize 4500-7-pad-barrier-routing 120
 kernel_tests 160
