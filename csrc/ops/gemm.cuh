@@ -46,11 +46,12 @@ constexpr int kMaxRegisterRows = 16;
 __device__ __forceinline__ int padded_rows(int n) { return n <= 8 ? 8 : n <= 16 ? 16 : (n + 15) / 16 * 16; }
 
 // A warp's slice of up to 16 activation rows: v[h][c] holds row g + 8h, columns
-// (warp * KCH + c) * 32 + t * 8 .. +8 (g = lane / 4, t = lane % 4).
-template <int K, int MH>
+// (warp * KCH + c) * 32 + t * 8 .. +8 (g = lane / 4, t = lane % 4). W: the warps K is split over, the kernel's
+// consumer warps (benchmarks/candidates/stage-pace-probe times this body with other counts).
+template <int K, int MH, int W = kConsumerWarps>
 struct ActTile {
-  static constexpr int KCH = K / (32 * kConsumerWarps);
-  static_assert(K % (32 * kConsumerWarps) == 0, "K must split into 32-column chunks over the consumer warps");
+  static constexpr int KCH = K / (32 * W);
+  static_assert(K % (32 * W) == 0, "K must split into 32-column chunks over the consumer warps");
   uint4 v[MH][KCH];
 
   __device__ __forceinline__ static int col(int warp, int lane, int c) {
@@ -85,10 +86,10 @@ struct GatheredRows {  // row b -> base[index[b] / div]
 
 // Partial sums of one stage: part[(warp * R + row) * bp + b] for the stage's RS rows (task rows
 // row_base..), batch rows b = b0 + g (+8).
-template <int K, int RS, int MH>
-__device__ __forceinline__ void mma_stage(const uint8_t* stage, const ActTile<K, MH>& a, float* part, int R, int bp,
+template <int K, int RS, int MH, int W = kConsumerWarps>
+__device__ __forceinline__ void mma_stage(const uint8_t* stage, const ActTile<K, MH, W>& a, float* part, int R, int bp,
                                           int row_base, int b0, int warp, int lane) {
-  constexpr int KCH = ActTile<K, MH>::KCH;
+  constexpr int KCH = ActTile<K, MH, W>::KCH;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < (RS + 7) / 8; ++nt) {

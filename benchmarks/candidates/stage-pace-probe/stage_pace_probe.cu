@@ -7,11 +7,11 @@
 // is timed is the consumers' own side of the stage ring, the same protocol as csrc/pipeline.cuh: a producer warp
 // that "refills" buffer s by an arrive on full[s] once every consumer lane has released it (empty[s], count W x 32),
 // and W consumer warps that wait on full[s] with the use's parity, run the GEMM body's per-stage work and release
-// (each lane: a shared-memory proxy fence, then its own arrive). The per-stage work is gemm.cuh's mma_stage at a
-// batch of at most 8 rows: the K columns split over the W warps (KCH = K / (32 W) 32-column chunks a warp), each
-// lane's activation slice in registers for the whole run, two independent mma chains, the stage's partial sums
-// stored to shared memory. A warp count other than gemm.cuh's needs the warp count as a template parameter, hence a
-// copy of that loop here (a probe, not product code).
+// (each lane: a shared-memory proxy fence, then its own arrive). The per-stage work is the kernel's own
+// (csrc/ops/gemm.cuh's ActTile and mma_stage, with the warp count as their template parameter) at a batch of at
+// most 8 rows: the K columns split over the W warps (K / (32 W) 32-column chunks a warp), each lane's activation
+// slice in registers for the whole run, two independent mma chains, the stage's partial sums stored to shared
+// memory.
 //
 // Printed, per GEMM shape (K, rows per stage: layout.rows_per_stage) and warp count: ns per stage, the median over
 // the blocks of the timed launch (each block's consumer warp 0 times its own run with %globaltimer), after a warm-up
@@ -24,6 +24,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "../../../csrc/ops/gemm.cuh"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -31,8 +33,12 @@
 #include <vector>
 
 namespace ptx = cuda::ptx;
+using vllm_megakernel::ActTile;
+using vllm_megakernel::DenseRows;
+using vllm_megakernel::mma_stage;
 
-constexpr int kStageBytes = 32768, kRing = 4, kStagesTimed = 8192, kBatchRows = 8;
+constexpr int kStageBytes = vllm_megakernel::kStageBytes, kRing = 4, kStagesTimed = 8192, kBatchRows = 8;
+constexpr int kPartRows = 16;  // mma_stage's row stride in the partial sums: at most 16 rows a stage
 
 #define CHECK(x)                                                                                  \
   do {                                                                                            \
@@ -43,15 +49,6 @@ constexpr int kStageBytes = 32768, kRing = 4, kStagesTimed = 8192, kBatchRows = 
     }                                                                                             \
   } while (0)
 
-__device__ __forceinline__ void mma_16816(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -60,7 +57,7 @@ __device__ __forceinline__ unsigned long long now_ns() {
 
 struct Shared {
   alignas(128) uint8_t stage[kRing][kStageBytes];
-  float part[8 * 16 * kBatchRows];  // (warp, row of the stage, batch row): at most 8 warps x 16 rows
+  float part[8 * kPartRows * kBatchRows];  // (warp, row of the stage, batch row): at most 8 warps x 16 rows
   uint64_t full[kRing];
   uint64_t empty[kRing];
 };
@@ -81,9 +78,7 @@ __device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity, int 
 template <int W, int K, int RS>
 __global__ void __launch_bounds__((W + 1) * 32, 1)
     pace(const __nv_bfloat16* act, int nstages, unsigned long long* ns, float* sink) {
-  constexpr int KCH = K / (32 * W);
-  static_assert(K % (32 * W) == 0, "K splits into 32-column chunks over the warps");
-  static_assert(RS * K * 2 <= kStageBytes && RS <= 16, "a stage holds RS whole rows");
+  static_assert(RS * K * 2 <= kStageBytes && RS <= kPartRows, "a stage holds RS whole rows");
   extern __shared__ __align__(128) uint8_t smem_raw[];
   Shared& s = *reinterpret_cast<Shared*>(smem_raw);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -111,42 +106,20 @@ __global__ void __launch_bounds__((W + 1) * 32, 1)
     return;
   }
 
-  // The consumers: this lane's activation slice (batch rows g = lane / 4 of up to 8), as gemm.cuh's ActTile.
-  const int g = lane >> 2, t = lane & 3;
-  uint4 a[KCH];
-#pragma unroll
-  for (int c = 0; c < KCH; ++c)
-    a[c] = *reinterpret_cast<const uint4*>(act + (long long)g * K + (warp * KCH + c) * 32 + t * 8);
-  float check = 0.f;
+  // The consumers: this lane's activation slice of the batch's up to 8 rows, in registers for the whole run.
+  ActTile<K, 1, W> a;
+  a.load(DenseRows{act, K, kBatchRows}, 0, warp, lane);
   const unsigned long long t0 = now_ns();
   for (int n = 0; n < nstages; ++n) {
     const int b = n % kRing;
     wait_parity(&s.full[b], (n / kRing) & 1, 0);
-    const uint8_t* stage = s.stage[b];
-#pragma unroll
-    for (int nt = 0; nt < (RS + 7) / 8; ++nt) {
-      const int row = min(nt * 8 + g, RS - 1);
-      const uint4* w = reinterpret_cast<const uint4*>(stage + (long long)row * K * 2) + warp * KCH * 4 + t;
-      float acc[2][4] = {};
-#pragma unroll
-      for (int c = 0; c < KCH; ++c) {
-        const uint4 wv = w[c * 4];
-        mma_16816(acc[c & 1], a[c].x, 0u, a[c].y, 0u, wv.x, wv.y);
-        mma_16816(acc[c & 1], a[c].z, 0u, a[c].w, 0u, wv.z, wv.w);
-      }
-      const int r = nt * 8 + 2 * t;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (r + j >= RS) continue;
-        s.part[(warp * 16 + r + j) * kBatchRows + g] = acc[0][j] + acc[1][j];
-      }
-    }
+    mma_stage<K, RS, 1, W>(s.stage[b], a, s.part, kPartRows, kBatchRows, 0, 0, warp, lane);
     ptx::fence_proxy_async(ptx::space_shared);  // as StageConsumer::release: each lane fences, then arrives
     ptx::mbarrier_arrive(&s.empty[b]);
   }
   const unsigned long long t1 = now_ns();
   __syncwarp();
-  check = s.part[(warp * 16 + (lane & 15)) * kBatchRows + (lane >> 4)];
+  const float check = s.part[(warp * kPartRows + (lane & 15)) * kBatchRows + (lane >> 4)];
   if (warp == 0 && lane == 0) ns[blockIdx.x] = t1 - t0;
   sink[blockIdx.x * 32 * W + threadIdx.x] = check;  // keeps the sums live
 }
