@@ -35,7 +35,7 @@ END = "<!-- headline end -->"
 # commit changes those files, until both are set again: to the session that measures the new kernel (None until one
 # has: then no row is "current"), or, for a change that runs nothing differently (a comment), to the new commit alone.
 CURRENT_KERNEL_SESSION: str | None = None
-CURRENT_KERNEL_COMMIT = "50e7d5c"  # batch 3-4 take posted routing and scores; ccab479 had changed batch 2's default
+CURRENT_KERNEL_COMMIT = "f6b55ef"  # gemm.cuh's warp count as a template parameter (same SASS); 50e7d5c: batch 3-4 take posted routing and scores
 KERNEL_SOURCES = ("csrc", "vllm_megakernel/megakernel/abi.py", "vllm_megakernel/megakernel/layout.py",
                   "vllm_megakernel/megakernel/schedule.py", "vllm_megakernel/megakernel/runtime.py")
 
