@@ -23,7 +23,7 @@ from vllm_megakernel.megakernel.schedule import StepShape, build_schedule
 from vllm_megakernel.paged_kv import PagedKVSim
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("checkpoint")
     ap.add_argument("--lengths", default="4500,7,0")
@@ -40,9 +40,21 @@ def main():
                     help="the routers post their scores as keys and the top-k polls them (StepShape.posted_scores)")
     ap.add_argument("--stages-in-flight", type=int, default=0,
                     help="the producer's cap on stages in flight (StepShape.stages_in_flight; 0: the batch's default)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.barrier_routing and (args.posted_routing or args.posted_scores):
         raise SystemExit("--barrier-routing: not with --posted-routing or --posted-scores")
+    return args
+
+
+def step_shape(args: argparse.Namespace, batch: int, num_sms: int) -> StepShape:
+    """The step's schedule choices from the command line; what is left out takes the batch's default."""
+    return StepShape(batch=batch, num_sms=num_sms, attn_splits=args.splits, local_routing=args.local_routing or None,
+                     posted_routing=False if args.barrier_routing else args.posted_routing or None,
+                     posted_scores=args.posted_scores or None, stages_in_flight=args.stages_in_flight)
+
+
+def main():
+    args = parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     if not lengths or min(lengths) < 0 or not any(lengths):
         raise SystemExit(f"--lengths {args.lengths}: histories >= 0 (0: padding), at least one live row")
@@ -56,11 +68,7 @@ def main():
     sim = PagedKVSim(dims, num_requests=batch, max_len=max(live) + 1, block_size=16, dtype=torch.bfloat16, device="cuda")
     sim.fill_history(live, generator=torch.Generator().manual_seed(0))
     inp = sim.step([11 + i for i in range(len(live))] + [None] * (batch - len(live)))
-    sched = build_schedule(dims, StepShape(batch=batch, num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                                           attn_splits=args.splits, local_routing=args.local_routing or None,
-                                           posted_routing=False if args.barrier_routing else args.posted_routing or None,
-                                           posted_scores=args.posted_scores or None,
-                                           stages_in_flight=args.stages_in_flight),
+    sched = build_schedule(dims, step_shape(args, batch, torch.cuda.get_device_properties(0).multi_processor_count),
                            *w.intermediates())
     if args.through:
         sched = sched.truncated(sched.wave_range(0, args.through)[1])

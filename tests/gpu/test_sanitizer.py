@@ -29,13 +29,13 @@ HERE = Path(__file__).parent
 # (topk::post_one_row), at 2 to 4 after the work list. So the first case runs them at batch 3, and the
 # barrier-routing case keeps the top-k's barrier and route buffer (batch 5 and up's form) on the same batch. The
 # capped case has the producer wait for its stage two back to land before it claims a buffer
-# (StepShape.stages_in_flight; batch 3's default is the whole ring).
+# (StepShape.stages_in_flight; batch 3's default is the whole ring). Batch 1's case runs its default, posted
+# scores with the early post; no two cases run the same step (tests/cpu/test_sanitizer_cases.py).
 CASES = {"4500-7-pad": ("4500,7,0", 4, []),
          "ragged-to-128k-pad": ("1,15,16,17,4095,4096,4097,32768,131072,0", 0, []),
          "4500-7-pad-local-routing": ("4500,7,0", 4, ["--local-routing"]),
          "4500-7-pad-barrier-routing": ("4500,7,0", 4, ["--barrier-routing"]),
          "4500-batch-1": ("4500", 4, []),
-         "4500-batch-1-posted-scores": ("4500", 4, ["--posted-scores"]),
          "4500-7-batch-2": ("4500,7", 4, []),
          "4500-7-pad-2-stages-in-flight": ("4500,7,0", 4, ["--stages-in-flight", "2"])}
 
