@@ -175,3 +175,55 @@ def test_the_critical_path_of_any_fluid_run_sums_to_the_period(dims, shape, seed
     p = trace.critical_path(sched, timed.records(sched, {w: c.tail_us for w, c in costs.items()}), layers)
     assert sum(r.us for r in p.parts) == pytest.approx(p.period_us, abs=1e-3)
     assert sum(k for _, k in p.chains) == len(layers)
+
+
+def _overlapping_tasks_on_an_sm(sched, timed):
+    """Pairs of tasks of one SM whose [start, end) overlap (each SM's list in order: a task and the next one)."""
+    return [(a, b) for lst in timed.sm_lists for a, b in zip(lst, lst[1:])
+            if timed.start[b] < timed.end[a] - 1e-9 and timed.end[b] > timed.start[b]]
+
+
+def test_two_consumer_groups_overlap_fixed_costs_but_take_the_ring_in_task_order(dims):
+    """groups=2 (PERF_LOG #206): an SM's next task starts while the previous one finishes, so tasks of one SM
+    overlap where the kernel's single group never does; with no fixed costs, no work but the bytes and no gap there
+    is nothing to overlap,
+    and since the ring is in task order (a group takes its task's bytes only after the previous task took all of
+    its own) the step is the single group's to the last step of the model. A model that let the groups take
+    bytes side by side would finish a bandwidth-bound step sooner."""
+    sched = build_schedule(dims, StepShape(batch=2, num_sms=6, attn_splits=4), TINY_I, TINY_DENSE_I)
+    nbytes = [40.0 * b for b in fluid.task_bytes(sched, [300, 500], TINY_I, TINY_DENSE_I)]
+    costs = costs_for(sched)
+    one = fluid.fluid_timeline(sched, costs, nbytes, dt_us=0.02)
+    two = fluid.fluid_timeline(sched, costs, nbytes, dt_us=0.02, groups=2)
+    assert not _overlapping_tasks_on_an_sm(sched, one)
+    assert _overlapping_tasks_on_an_sm(sched, two)
+    # nothing but the bytes (a wave that streams none, the top-k, the combines, takes no time either: its work
+    # would overlap the other group's stream)
+    bare = {w: fluid.WaveCost(inputs_us=0.0, stage_work_us=0.0, finish_us=0.0, tail_us=c.tail_us) for w, c in costs.items()}
+    kw = dict(dt_us=0.02, gap_us=0.0, stage_us=0.2)
+    assert step_us(fluid.fluid_timeline(sched, bare, nbytes, groups=2, **kw)) == pytest.approx(
+        step_us(fluid.fluid_timeline(sched, bare, nbytes, **kw)), abs=0.02 + 1e-9)
+    with pytest.raises(ValueError, match="groups"):
+        fluid.fluid_timeline(sched, costs, nbytes, groups=0)
+
+
+def test_a_storer_that_finishes_in_no_time_is_a_finish_of_no_time(dims):
+    """storer_finish (PERF_LOG #206): a streaming task's finish goes to the SM's storer, which signals after it;
+    at a factor of 0 that is the model with no finish on the waves that stream, task for task; at a factor above 0
+    the storer's finishes come one at a time after each stream, so no streaming task ends before its stream plus
+    its finish at that factor."""
+    sched = build_schedule(dims, StepShape(batch=3, num_sms=6, attn_splits=4), TINY_I, TINY_DENSE_I)
+    nbytes = fluid.task_bytes(sched, [90, 40, 200], TINY_I, TINY_DENSE_I)
+    costs = costs_for(sched)
+    streaming = {t.wave for t in sched.tasks if nbytes[t.index] > 0}
+    no_finish = {w: (fluid.WaveCost(c.inputs_us, c.stage_work_us, 0.0, c.tail_us) if w in streaming else c)
+                 for w, c in costs.items()}
+    stored = fluid.fluid_timeline(sched, costs, nbytes, dt_us=0.02, storer_finish=0.0)
+    plain = fluid.fluid_timeline(sched, no_finish, nbytes, dt_us=0.02)
+    assert stored.end == plain.end and stored.start == plain.start
+    slow = fluid.fluid_timeline(sched, costs, nbytes, dt_us=0.02, storer_finish=3.0)
+    for t in sched.tasks:
+        if nbytes[t.index] > 0:
+            c = costs[t.wave]
+            assert slow.end[t.index] - slow.start[t.index] >= c.inputs_us + 3.0 * c.finish_us - 1e-6, t.describe()
+    assert step_us(slow) > step_us(stored)

@@ -130,7 +130,7 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
                    latency_us: float = 0.8, stages_in_flight: int | None = None, ring_bytes: int = 5 * STAGE_BYTES,
                    hop_us: float = 0.7, gap_us: float = 0.3, live_slots=None, dt_us: float = 0.05,
                    has_work=None, stage_us: float = 0.45, attention_stage_us: float = 0.9,
-                   routed_descriptor_us: float = 0.5) -> Timed:
+                   routed_descriptor_us: float = 0.5, groups: int = 1, storer_finish: float | None = None) -> Timed:
     """Runs the schedule through the model (see the module's docstring). ``live_slots(layer)``: routed slots in
     use (every slot if None); ``has_work(task)``: whether a task that waits only if it has work has any (an
     attention split past its request's keys does not wait and takes no time; default: bytes > 0). The consumers
@@ -138,7 +138,17 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
     ``attention_stage_us`` (scores, softmax, P V). A routed task's producer spends ``routed_descriptor_us`` after
     its routing wait completing the descriptor (the route words' round trip) before its bytes, and its
     consumers cannot start it before. The defaults are the values PERF_LOG #161 compared with session AE's
-    measured A/Bs (``bandwidth_scale`` 1: the probe's 4.68 TB/s plateau)."""
+    measured A/Bs (``bandwidth_scale`` 1: the probe's 4.68 TB/s plateau).
+
+    Two forms the kernel does not have, to weigh them before writing them (PERF_LOG #206): ``groups`` consumer groups
+    that take an SM's tasks in turn (the kernel's one group of 8 warps: 1), each with its own phases, so one group's
+    inputs phase and finish overlap another's stages; the ring stays in task order, so a group takes its task's bytes
+    only after the task before it took all of its own, at ``stage_us`` / ``attention_stage_us`` (give a group's pace).
+    ``storer_finish``: a task that streams bytes hands the body's rest (the finish) to the SM's storer warp, which
+    takes ``storer_finish`` x the wave's finish and one task at a time, and signals after it; the consumers go on at
+    the end of the stream (None: the consumers finish their own tasks, as the kernel's do)."""
+    if groups < 1 or (storer_finish is not None and storer_finish < 0):
+        raise ValueError(f"groups={groups}: at least 1; storer_finish={storer_finish}: None or >= 0")
     tasks, n_sms = schedule.tasks, len(schedule.sm_tasks)
     missing = {t.wave for t in tasks} - set(costs)
     if missing:
@@ -175,12 +185,18 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
     delivered = [[0.0] * len(lst) for lst in lists]
     ppc, cpc = [0] * n_sms, [0] * n_sms
     ring = [0.0] * n_sms  # bytes landed and not yet taken by the consumers
-    taken = [0.0] * n_sms  # bytes of the consumers' current task taken so far
     published = [[0.0 if tasks[i].op not in ROUTED_OPS else math.inf for i in lst] for lst in lists]
     posted_at = [math.inf] * len(tasks)  # a top-k's posted words (posted routing): when its selection was done
-    cstate = ["idle"] * n_sms  # idle -> inputs -> stream -> finish -> idle
-    ctimer = [0.0] * n_sms
-    free_at = [0.0] * n_sms
+    # per SM and consumer group: idle -> inputs -> stream -> finish -> idle; cpc: the SM's next place to start
+    cstate = [["idle"] * groups for _ in range(n_sms)]
+    ctimer = [[0.0] * groups for _ in range(n_sms)]
+    ctask = [[0] * groups for _ in range(n_sms)]  # the place each group runs
+    taken = [[0.0] * groups for _ in range(n_sms)]  # bytes of that place taken so far
+    free_at = [[0.0] * groups for _ in range(n_sms)]
+    started = [0] * n_sms  # tasks started on the SM: the next one goes to group started % groups
+    head = [0] * n_sms  # the ring's head: the first place whose bytes are not all taken (skipping those with none)
+    taken_all = [[False] * len(lst) for lst in lists]
+    storer_free = [0.0] * n_sms
     start = [math.nan] * len(tasks)
     end = [math.nan] * len(tasks)
     need = [nbytes[i] for i in range(len(tasks))]
@@ -190,7 +206,7 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
         if remaining != progress[0]:
             progress = (remaining, now)
         elif now - progress[1] > STALL_US:
-            held = [f"SM {sm}: {cstate[sm]} at {tasks[lists[sm][cpc[sm]]].describe()}" for sm in range(n_sms)
+            held = [f"SM {sm}: {cstate[sm]} before {tasks[lists[sm][cpc[sm]]].describe()}" for sm in range(n_sms)
                     if cpc[sm] < len(lists[sm])][:4]
             raise ValueError(f"the schedule did not finish in the fluid model: no task done for {STALL_US:.0f} us "
                              f"(a deadlock: see simulate.run); {'; '.join(held)}")
@@ -243,56 +259,73 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
             got = min(served * a / total * dt_us, need[i] - delivered[sm][k], ring_bytes - ring[sm])
             delivered[sm][k] += got
             ring[sm] += got
-        # consumers
+        # consumers: a task starts on the unit whose turn it is (in list order, alternating over the groups); a unit
+        # takes its task's bytes only once every earlier task of the SM has taken its own (the ring is in task order)
         for sm in range(n_sms):
             lst = lists[sm]
             while cpc[sm] < len(lst) and skipped[sm][cpc[sm]]:
                 cpc[sm] += 1
                 remaining -= 1
-            if cpc[sm] >= len(lst):
-                continue
             k = cpc[sm]
-            if not resolved[sm][k]:
-                continue  # the producer has not claimed this place yet
-            i = lst[k]
-            t = tasks[i]
-            c = costs[t.wave]
-            if cstate[sm] == "idle":
-                if free_at[sm] > now or published[sm][k] > now:
-                    continue
+            g = started[sm] % groups
+            if k < len(lst) and resolved[sm][k] and cstate[sm][g] == "idle":
+                i = lst[k]
+                t = tasks[i]
                 waits = t.waits if (not t.waits_only_if_work or worked(t)) else ()
                 if t.op in ROUTED_OPS and t.load_wait != NO_BARRIER:
                     waits = tuple(waits) + (t.load_wait,)
-                if any((written_at[b] if t.polls_inputs else done_at[b]) + hop_us > now for b in waits):
+                if (free_at[sm][g] <= now and published[sm][k] <= now
+                        and not any((written_at[b] if t.polls_inputs else done_at[b]) + hop_us > now for b in waits)):
+                    start[i] = now
+                    started[sm] += 1
+                    cpc[sm] += 1
+                    if t.waits_only_if_work and not worked(t):
+                        end[i] = now
+                        free_at[sm][g] = now + gap_us
+                        if t.signal != NO_BARRIER:
+                            signal(t.signal, now + costs[t.wave].tail_us, now)
+                        remaining -= 1
+                    else:
+                        cstate[sm][g], ctimer[sm][g], ctask[sm][g] = "inputs", now + costs[t.wave].inputs_us, k
+            for g in range(groups):
+                if cstate[sm][g] == "idle":
                     continue
-                start[i] = now
-                if t.waits_only_if_work and not worked(t):
+                k = ctask[sm][g]
+                i = lst[k]
+                t = tasks[i]
+                c = costs[t.wave]
+                if cstate[sm][g] == "inputs" and ctimer[sm][g] <= now:
+                    cstate[sm][g], ctimer[sm][g] = "stream", now + (c.stage_work_us if need[i] == 0 else 0.0)
+                    taken[sm][g] = 0.0
+                if cstate[sm][g] == "stream" and need[i] > 0:
+                    while head[sm] < k and (skipped[sm][head[sm]] or need[lst[head[sm]]] == 0 or taken_all[sm][head[sm]]):
+                        head[sm] += 1
+                    if head[sm] == k:  # the landed stages, at the consumers' own pace at most
+                        per = attention_stage_us if t.op == Op.ATTN_PARTIAL else stage_us
+                        got = min(delivered[sm][k] - taken[sm][g], STAGE_BYTES / per * dt_us)
+                        taken[sm][g] += got
+                        ring[sm] -= got
+                if cstate[sm][g] == "stream" and taken[sm][g] >= need[i] and ctimer[sm][g] <= now:
+                    taken_all[sm][k] = True
+                    posted_at[i] = now  # a top-k's words are posted once its selection is done
+                    if storer_finish is not None and need[i] > 0:
+                        # the storer takes the body's rest, one task at a time; the unit goes on
+                        storer_free[sm] = max(storer_free[sm], now) + c.finish_us * storer_finish
+                        end[i] = storer_free[sm]
+                        if t.signal != NO_BARRIER:
+                            signal(t.signal, end[i] + c.tail_us, end[i])
+                        free_at[sm][g] = now + gap_us
+                        cstate[sm][g] = "idle"
+                        remaining -= 1
+                        continue
+                    cstate[sm][g], ctimer[sm][g] = "finish", now + c.finish_us
+                if cstate[sm][g] == "finish" and ctimer[sm][g] <= now:
                     end[i] = now
-                    free_at[sm] = now + gap_us
+                    free_at[sm][g] = now + gap_us
                     if t.signal != NO_BARRIER:
                         signal(t.signal, now + c.tail_us, now)
-                    cpc[sm] += 1
+                    cstate[sm][g] = "idle"
                     remaining -= 1
-                    continue
-                cstate[sm], ctimer[sm] = "inputs", now + c.inputs_us
-            if cstate[sm] == "inputs" and ctimer[sm] <= now:
-                cstate[sm], ctimer[sm], taken[sm] = "stream", now + (c.stage_work_us if need[i] == 0 else 0.0), 0.0
-            if cstate[sm] == "stream" and need[i] > 0:  # the landed stages, at the consumers' own pace at most
-                per = attention_stage_us if t.op == Op.ATTN_PARTIAL else stage_us
-                got = min(delivered[sm][k] - taken[sm], STAGE_BYTES / per * dt_us)
-                taken[sm] += got
-                ring[sm] -= got
-            if cstate[sm] == "stream" and taken[sm] >= need[i] and ctimer[sm] <= now:
-                cstate[sm], ctimer[sm] = "finish", now + c.finish_us
-                posted_at[i] = now  # a top-k's words are posted once its selection is done
-            if cstate[sm] == "finish" and ctimer[sm] <= now:
-                end[i] = now
-                free_at[sm] = now + gap_us
-                if t.signal != NO_BARRIER:
-                    signal(t.signal, now + c.tail_us, now)
-                cstate[sm] = "idle"
-                cpc[sm] += 1
-                remaining -= 1
         now += dt_us
     sm_lists = [[i for k, i in enumerate(lst) if not skipped[sm][k]] for sm, lst in enumerate(lists)]
     return Timed(start, end, sm_lists)
