@@ -195,7 +195,6 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
     free_at = [[0.0] * groups for _ in range(n_sms)]
     started = [0] * n_sms  # tasks started on the SM: the next one goes to group started % groups
     head = [0] * n_sms  # the ring's head: the first place whose bytes are not all taken (skipping those with none)
-    taken_all = [[False] * len(lst) for lst in lists]
     storer_free = [0.0] * n_sms
     start = [math.nan] * len(tasks)
     end = [math.nan] * len(tasks)
@@ -298,7 +297,7 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
                     cstate[sm][g], ctimer[sm][g] = "stream", now + (c.stage_work_us if need[i] == 0 else 0.0)
                     taken[sm][g] = 0.0
                 if cstate[sm][g] == "stream" and need[i] > 0:
-                    while head[sm] < k and (skipped[sm][head[sm]] or need[lst[head[sm]]] == 0 or taken_all[sm][head[sm]]):
+                    while head[sm] < k and (skipped[sm][head[sm]] or need[lst[head[sm]]] == 0):
                         head[sm] += 1
                     if head[sm] == k:  # the landed stages, at the consumers' own pace at most
                         per = attention_stage_us if t.op == Op.ATTN_PARTIAL else stage_us
@@ -306,7 +305,8 @@ def fluid_timeline(schedule: Schedule, costs: dict[str, WaveCost], nbytes: list[
                         taken[sm][g] += got
                         ring[sm] -= got
                 if cstate[sm][g] == "stream" and taken[sm][g] >= need[i] and ctimer[sm][g] <= now:
-                    taken_all[sm][k] = True
+                    if need[i] > 0:
+                        head[sm] = k + 1  # only the head's task takes bytes
                     posted_at[i] = now  # a top-k's words are posted once its selection is done
                     if storer_finish is not None and need[i] > 0:
                         # the storer takes the body's rest, one task at a time; the unit goes on
