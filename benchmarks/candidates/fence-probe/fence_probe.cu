@@ -25,6 +25,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "../probe_util.cuh"
+
 namespace ptx = cuda::ptx;
 
 constexpr int kChunk = 16384;  // bytes per bulk copy (the megakernel's stages are 32 KB, in one copy or two)
@@ -33,17 +35,11 @@ constexpr int kProbes = 256;
 constexpr int kKinds = 3;  // fence, load, store + fence
 constexpr int kThreads = 64;
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // Spins until the chunk's copy has landed; traps after 100 ms (a copy that never lands: no silent hang).
 __device__ __forceinline__ void wait_landed(uint64_t* bar, uint32_t parity) {
   unsigned long long t0 = 0;
   for (int spins = 0; !ptx::mbarrier_try_wait_parity(bar, parity); ++spins) {
-    const unsigned long long t = global_ns();
+    const unsigned long long t = globaltimer_ns();
     if (spins == 0) t0 = t;
     if (t - t0 > 100000000ull) {
       printf("fence_probe: block %d: a bulk copy did not land within 100 ms\n", blockIdx.x);
@@ -69,15 +65,15 @@ struct Shared {
 
 // 50 us: every SM's stream reaches steady state before anything is timed.
 __device__ void settle() {
-  const unsigned long long warm = global_ns();
-  while (global_ns() - warm < 50000) {
+  const unsigned long long warm = globaltimer_ns();
+  while (globaltimer_ns() - warm < 50000) {
   }
 }
 
 // A non-timing block's wait for the timing ones to be done (`*done` at least `n`), polling every ~2 us (little
 // traffic); bounded, so that blocks that are not all resident cannot hang the probe.
 __device__ void wait_done(const unsigned* done, unsigned n) {
-  for (const unsigned long long t = global_ns(); global_ns() - t < 100000000ull; __nanosleep(2000))
+  for (const unsigned long long t = globaltimer_ns(); globaltimer_ns() - t < 100000000ull; __nanosleep(2000))
     if (*(const volatile unsigned*)done >= n) break;
 }
 
@@ -130,16 +126,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (lane != 0) return;
   if ((int)blockIdx.x >= probers) {
     settle();
-    const unsigned long long t_start = global_ns(), issued0 = S.issued;
+    const unsigned long long t_start = globaltimer_ns(), issued0 = S.issued;
     wait_done(probers_done, (unsigned)probers);
-    window[blockIdx.x * 4 + 0] = global_ns() - t_start;
+    window[blockIdx.x * 4 + 0] = globaltimer_ns() - t_start;
     window[blockIdx.x * 4 + 2] = S.issued - issued0;
     S.stop = 1;
     return;
   }
   unsigned* my_word = word + blockIdx.x * 32;  // its own 128-byte line
   settle();
-  const unsigned long long t_start = global_ns(), c_start = clock64(), issued0 = S.issued;
+  const unsigned long long t_start = globaltimer_ns(), c_start = clock64(), issued0 = S.issued;
   // latencies kept in shared memory until the end: a store of the last one would sit in front of the next fence
   unsigned sink = 0;
   for (int k = 0; k < kProbes; ++k) {
@@ -165,11 +161,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (clock64() - pause < 4000) {  // ~2 us between probes
     }
   }
-  const unsigned long long t_end = global_ns(), c_end = clock64(), issued1 = S.issued;
+  const unsigned long long t_end = globaltimer_ns(), c_end = clock64(), issued1 = S.issued;
   // every streamer runs until the last prober is done, so that no prober's last probes meet a quieter GPU (a
   // bounded wait: blocks that are not all resident must not hang the probe)
   atomicAdd(probers_done, 1u);
-  for (const unsigned long long t = global_ns(); global_ns() - t < 100000000ull;)
+  for (const unsigned long long t = globaltimer_ns(); globaltimer_ns() - t < 100000000ull;)
     if (*(volatile unsigned*)probers_done >= (unsigned)probers) break;
   S.stop = 1;
   window[blockIdx.x * 4 + 0] = t_end - t_start;
@@ -226,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto receive = [&](unsigned r) {
     unsigned v = 0, f = 0;
-    const unsigned long long t0 = global_ns();
+    const unsigned long long t0 = globaltimer_ns();
     for (;;) {
       if (protocol == 2)
         asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(v), "=r"(f) : "l"(mine) : "memory");
@@ -235,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       else
         asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(mine) : "memory");
       if (f == r) break;
-      if (global_ns() - t0 > 100000000ull) {  // 100 ms: the other side is gone; count it and go on
+      if (globaltimer_ns() - t0 > 100000000ull) {  // 100 ms: the other side is gone; count it and go on
         ++errors;
         return;
       }
@@ -247,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   long long c0 = 0;
   unsigned long long t0 = 0;
   for (unsigned r = 1; r <= kHopRounds + kHopWarmup; ++r) {
-    if (r == kHopWarmup + 1) c0 = clock64(), t0 = global_ns();
+    if (r == kHopWarmup + 1) c0 = clock64(), t0 = globaltimer_ns();
     const long long c = clock64();
     if (blockIdx.x == 0) {
       send(r);
@@ -259,20 +255,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if (blockIdx.x == 0) {
-    out[0] = global_ns() - t0;
+    out[0] = globaltimer_ns() - t0;
     out[1] = clock64() - c0;
     out[2] = errors;
     for (int k = 0; k < kHopRounds; ++k) out[4 + k] = S.lat[k][0];
     atomicExch(pair_done, 1u);
   }
   S.stop = 1;
-}
-
-static void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
 }
 
 static double pct(std::vector<double> v, double q) {
@@ -282,25 +271,25 @@ static double pct(std::vector<double> v, double q) {
 
 int main() {
   int dev = 0, sms = 0;
-  check(cudaGetDevice(&dev), "device");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  CHECK(cudaGetDevice(&dev));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const size_t region = 32ull << 20;  // 32 MB a block: 4.2 GB over 132 SMs, far past the 50 MB L2
   uint8_t* src;
   unsigned* word;
   unsigned long long *lat, *window;
   unsigned* probers_done;
-  check(cudaMalloc(&src, region * sms), "source");
-  check(cudaMemset(src, 1, region * sms), "source fill");
-  check(cudaMalloc(&word, sms * 128), "words");
-  check(cudaMemset(word, 0, sms * 128), "words fill");
-  check(cudaMalloc(&lat, sizeof(unsigned long long) * sms * kProbes * kKinds), "latencies");
-  check(cudaMalloc(&window, sizeof(unsigned long long) * sms * 4), "windows");
-  check(cudaMalloc(&probers_done, sizeof(unsigned)), "counter");
+  CHECK(cudaMalloc(&src, region * sms));
+  CHECK(cudaMemset(src, 1, region * sms));
+  CHECK(cudaMalloc(&word, sms * 128));
+  CHECK(cudaMemset(word, 0, sms * 128));
+  CHECK(cudaMalloc(&lat, sizeof(unsigned long long) * sms * kProbes * kKinds));
+  CHECK(cudaMalloc(&window, sizeof(unsigned long long) * sms * 4));
+  CHECK(cudaMalloc(&probers_done, sizeof(unsigned)));
   const size_t smem = sizeof(Shared);
-  check(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "smem");
+  CHECK(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   // Both kernels take the same dynamic shared memory, above the 48 KB default: each needs the attribute (session
   // AD's first hop launch failed with "invalid argument" without it).
-  check(cudaFuncSetAttribute(hop_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), "smem");
+  CHECK(cudaFuncSetAttribute(hop_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   std::printf("%d SMs; probes: fence = fence.acq_rel.gpu, load = ld.relaxed.gpu (L2), store+fence = st.relaxed.gpu "
               "then fence.acq_rel.gpu; ns from clock64 at the SM clock measured in the same window\n\n", sms);
   // One probe_kernel launch (its arguments after first_chunk, which moves on by launch so that each starts where
@@ -312,16 +301,16 @@ int main() {
     double gbps = 0;
   };
   auto probe = [&](size_t block_region, int depth, int streaming, int probers, int prober_depth, int streamers) {
-    check(cudaMemset(probers_done, 0, sizeof(unsigned)), "counter");
-    check(cudaMemset(window, 0, sizeof(unsigned long long) * sms * 4), "windows");
+    CHECK(cudaMemset(probers_done, 0, sizeof(unsigned)));
+    CHECK(cudaMemset(window, 0, sizeof(unsigned long long) * sms * 4));
     probe_kernel<<<sms, kThreads, smem>>>(src, block_region, first_chunk, depth, streaming, probers, prober_depth,
                                            word, probers_done, lat, window);
-    check(cudaGetLastError(), "launch");
-    check(cudaDeviceSynchronize(), "run");
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
     first_chunk += 977;
     std::vector<unsigned long long> h(sms * kProbes * kKinds), w(sms * 4);
-    check(cudaMemcpy(h.data(), lat, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
-    check(cudaMemcpy(w.data(), window, w.size() * sizeof(w[0]), cudaMemcpyDeviceToHost), "copy");
+    CHECK(cudaMemcpy(h.data(), lat, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(w.data(), window, w.size() * sizeof(w[0]), cudaMemcpyDeviceToHost));
     const double ns_per_cycle = (double)w[0] / (double)w[1];  // block 0 always probes
     Probed r;
     for (int b = 0; b < streamers; ++b)
@@ -364,22 +353,22 @@ int main() {
   static_assert(kHopRounds <= kProbes, "the round times fit the prober's shared array");
   unsigned* inbox;
   unsigned long long* hop_out;
-  check(cudaMalloc(&inbox, 2 * 128), "inbox");
-  check(cudaMalloc(&hop_out, sizeof(unsigned long long) * (4 + kHopRounds)), "hop times");
+  CHECK(cudaMalloc(&inbox, 2 * 128));
+  CHECK(cudaMalloc(&hop_out, sizeof(unsigned long long) * (4 + kHopRounds)));
   std::printf("\n| protocol | pair's own in flight (KB) | other SMs' in flight (KB) | hop median / p90 ns | errors |\n"
               "|---|---|---|---|---|\n");
   const char* protocol_name[] = {"fence (main)", "acquire load", "data-flag"};
   const int loads[][2] = {{0, 0}, {4, 0}, {4, 4}, {10, 0}, {10, 4}, {10, 10}};  // {others, pair} in chunks
   for (const auto& l : loads)
     for (int protocol = 0; protocol < 3; ++protocol) {
-      check(cudaMemset(inbox, 0, 2 * 128), "inbox fill");
-      check(cudaMemset(probers_done, 0, sizeof(unsigned)), "counter");
+      CHECK(cudaMemset(inbox, 0, 2 * 128));
+      CHECK(cudaMemset(probers_done, 0, sizeof(unsigned)));
       hop_kernel<<<sms, kThreads, smem>>>(src, region, first_chunk, l[0], l[1], protocol, inbox, probers_done, hop_out);
-      check(cudaGetLastError(), "launch");
-      check(cudaDeviceSynchronize(), "run");
+      CHECK(cudaGetLastError());
+      CHECK(cudaDeviceSynchronize());
       first_chunk += 977;
       std::vector<unsigned long long> h(4 + kHopRounds);
-      check(cudaMemcpy(h.data(), hop_out, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost), "copy");
+      CHECK(cudaMemcpy(h.data(), hop_out, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
       const double ns_per_cycle = (double)h[0] / (double)h[1];
       std::vector<double> hop;
       for (int k = 0; k < kHopRounds; ++k) hop.push_back(h[4 + k] * ns_per_cycle / 2);

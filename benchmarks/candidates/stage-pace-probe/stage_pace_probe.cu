@@ -32,6 +32,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "../probe_util.cuh"
+
 namespace ptx = cuda::ptx;
 using vllm_megakernel::ActTile;
 using vllm_megakernel::DenseRows;
@@ -39,21 +41,6 @@ using vllm_megakernel::mma_stage;
 
 constexpr int kStageBytes = vllm_megakernel::kStageBytes, kRing = 4, kStagesTimed = 8192, kBatchRows = 8;
 constexpr int kPartRows = 16;  // mma_stage's row stride in the partial sums: at most 16 rows a stage
-
-#define CHECK(x)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-__device__ __forceinline__ unsigned long long now_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 struct Shared {
   alignas(128) uint8_t stage[kRing][kStageBytes];
@@ -64,9 +51,9 @@ struct Shared {
 
 // Spins on a ring barrier; traps after ~2 s (no silent hang).
 __device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity, int what) {
-  const unsigned long long t0 = now_ns();
+  const unsigned long long t0 = globaltimer_ns();
   while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
-    if (now_ns() - t0 > 2000000000ull) {
+    if (globaltimer_ns() - t0 > 2000000000ull) {
       printf("stage_pace_probe: block %d thread %d: %s barrier stalled\n", blockIdx.x, threadIdx.x,
              what ? "empty" : "full");
       __trap();
@@ -109,7 +96,7 @@ __global__ void __launch_bounds__((W + 1) * 32, 1)
   // The consumers: this lane's activation slice of the batch's up to 8 rows, in registers for the whole run.
   ActTile<K, 1, W> a;
   a.load(DenseRows{act, K, kBatchRows}, 0, warp, lane);
-  const unsigned long long t0 = now_ns();
+  const unsigned long long t0 = globaltimer_ns();
   for (int n = 0; n < nstages; ++n) {
     const int b = n % kRing;
     wait_parity(&s.full[b], (n / kRing) & 1, 0);
@@ -117,7 +104,7 @@ __global__ void __launch_bounds__((W + 1) * 32, 1)
     ptx::fence_proxy_async(ptx::space_shared);  // as StageConsumer::release: each lane fences, then arrives
     ptx::mbarrier_arrive(&s.empty[b]);
   }
-  const unsigned long long t1 = now_ns();
+  const unsigned long long t1 = globaltimer_ns();
   __syncwarp();
   const float check = s.part[(warp * kPartRows + (lane & 15)) * kBatchRows + (lane >> 4)];
   if (warp == 0 && lane == 0) ns[blockIdx.x] = t1 - t0;

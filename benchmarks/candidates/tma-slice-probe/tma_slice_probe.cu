@@ -29,20 +29,13 @@
 #include <cstdlib>
 #include <vector>
 
+#include "../probe_util.cuh"
+
 namespace ptx = cuda::ptx;
 
 constexpr int kExperts = 64, kRows = 2048, kCols = 768;  // one MoE layer's W2 is 128 x 2048 x 768; half is past L2
 constexpr int kStage = 32768, kRing = 5, kThreads = 32, kBoxRows = 256;  // a box: 256 rows x C columns
 constexpr int kWidths[] = {32, 48, 64};
-
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 struct Shared {
   alignas(128) uint8_t buf[kRing][kStage];
