@@ -10,8 +10,8 @@ per-request tok/s), where one is given and has that batch (PERF_LOG #174: TPOT ~
     python -m benchmarks.itl_split --bench SERVE_DIR/bench.tar.xz [--sweep SWEEP_DIR/results.json] \
         [--levels 1,4,8,32]
 
-``--bench`` takes the packed bench files (``bench-SIDE-cN.json``, as the results folders keep them) or a folder
-holding them.
+``--bench`` takes the packed bench files (``bench-SIDE-cN.json``, as the results folders keep them) or a serve
+folder holding them, loose or in its ``bench.tar.xz``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,14 @@ INTERRUPTION_FACTOR = 3.0  # an ITL this many times the median held a prefill
 
 
 def load_benches(path: Path) -> dict[str, dict]:
-    """``bench-SIDE-cN.json`` name -> its contents, from a tar archive or a folder."""
-    if path.is_dir():
-        return {p.name: json.loads(p.read_text()) for p in sorted(path.glob("bench-*.json"))}
-    with tarfile.open(path) as tar:
-        return {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
+    """``bench-SIDE-cN.json`` name -> its contents, from a tar archive or a serve folder: the folder's own files and
+    those packed in its ``bench.tar.xz`` (results folders pack them to keep the tree that travels to the GPU host
+    small), a loose file before a packed one of the same name; empty for a folder with neither."""
+    if not path.is_dir():
+        with tarfile.open(path) as tar:
+            return {Path(m.name).name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.isfile()}
+    packed = load_benches(path / "bench.tar.xz") if (path / "bench.tar.xz").exists() else {}
+    return packed | {p.name: json.loads(p.read_text()) for p in sorted(path.glob("bench-*.json"))}
 
 
 def sweep_steps_ms(results: dict) -> dict[tuple[str, int], float]:

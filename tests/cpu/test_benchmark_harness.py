@@ -1027,31 +1027,18 @@ SERVED = sorted([*(REPO / "benchmarks" / "results").glob("*/serve.json"),
 ACCURACY = sorted((REPO / "benchmarks" / "results").glob("**/accuracy.json"))
 
 
-def _bench_file(folder, name):
-    """vLLM bench's result file ``name`` in a serve folder, or in its bench.tar.xz (a folder whose per-request files
-    were packed to keep the tree that travels to the GPU host small); None where neither has it."""
-    import tarfile
-
-    if (folder / name).exists():
-        return json.loads((folder / name).read_text())
-    if (folder / "bench.tar.xz").exists():
-        with tarfile.open(folder / "bench.tar.xz") as tar:
-            if name in tar.getnames():
-                return json.load(tar.extractfile(name))
-    return None
-
-
 @pytest.mark.parametrize("serve", SERVED, ids=[str(p.parent.relative_to(REPO / "benchmarks" / "results")) for p in SERVED])
 def test_committed_serving_results_are_what_their_side_files_give(serve):
     """A committed serve.json and serve.md are the summary serve_load makes of the folder's side files."""
-    from benchmarks import serve_load
+    from benchmarks import itl_split, serve_load
 
     summary = serve_load.summary_of(serve.parent)
     assert json.loads(serve.read_text()) == summary
     assert (serve.parent / "serve.md").read_text().strip() == serve_load.markdown(summary).strip()
+    benches = itl_split.load_benches(serve.parent)  # vLLM bench's result files, loose or packed in bench.tar.xz
     for side, s in summary["sides"].items():  # and the side files are what vLLM's own outputs say
         # every level vLLM's bench wrote a result for (a call's time limit may have stopped the side before the last)
-        bench = [b for c in s["settings"]["concurrency"] if (b := _bench_file(serve.parent, f"bench-{side}-c{c}.json"))]
+        bench = [b for c in s["settings"]["concurrency"] if (b := benches.get(f"bench-{side}-c{c}.json"))]
         assert s["rows"] == [serve_load.bench_row(b) for b in bench]
         log = serve_load.parse_server_log((serve.parent / f"server-{side}.log").read_text())
         assert (s["kv_cache_tokens"], s["decision"]) == (log["kv_cache_tokens"], log["decision"])

@@ -39,7 +39,7 @@ def test_sweep_step_is_the_median_per_request_rate():
     assert itl_split.sweep_steps_ms(results) == {("stock", 8): pytest.approx(10.0)}
 
 
-def test_reads_a_folder_and_an_archive_alike(tmp_path):
+def test_reads_loose_files_an_archive_and_a_packed_folder_alike(tmp_path):
     bench = {"itls": [[0.004, 0.004, 0.02]]}
     folder = tmp_path / "serve"
     folder.mkdir()
@@ -51,6 +51,16 @@ def test_reads_a_folder_and_an_archive_alike(tmp_path):
             tar.add(p, arcname=p.name)
     assert itl_split.load_benches(folder) == itl_split.load_benches(archive)
     assert itl_split.table(itl_split.load_benches(archive), [1], {}).count("| 1 of 3 |") == 2
+    packed = tmp_path / "packed"  # a results folder: the files only in its bench.tar.xz
+    packed.mkdir()
+    archive.rename(packed / "bench.tar.xz")
+    assert itl_split.load_benches(packed) == itl_split.load_benches(folder)
+    loose = {"itls": [[0.004, 0.004]]}  # a loose file wins over the packed one of its name
+    (packed / "bench-stock-c1.json").write_text(json.dumps(loose))
+    assert itl_split.load_benches(packed) == {"bench-stock-c1.json": loose, "bench-megakernel-c1.json": bench}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert itl_split.load_benches(empty) == {}
 
 
 def test_reproduces_session_als_committed_table(capsys):
