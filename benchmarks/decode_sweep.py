@@ -10,8 +10,8 @@ cache (the workers run with VLLM_PREFIX_CACHE_RETENTION_INTERVAL=0, without whic
 worker_command) and the timed runs recompute only their last block, which takes the prefill (B x context tokens,
 minutes at 32K-128K contexts) out of every timed run without changing the decode work both terms
 contain; a batch's prompts are the smaller batches' plus new ones, so a warm-up prefills only the new ones
-while they stay cached. Per case, with random prompt ids, ignore_eos and greedy sampling, one run of N + 1
-new tokens per repeat, its engine steps timed one by one (decode_interval):
+while they stay cached. Per case, with random prompt ids, ignore_eos and greedy sampling (or seeded sampling at
+--temperature), one run of N + 1 new tokens per repeat, its engine steps timed one by one (decode_interval):
     per-request decode tok/s = S / (time from the step that gave every request its first token to the step
                                     in which the first request finished),
 S the steps in between, each a decode step of the whole batch (N when the prefills all end on one step), so the
@@ -103,7 +103,8 @@ class NoWholeBatch(RuntimeError):
 
 
 def decode_interval(engine, prompts, params, clock=None) -> Interval:
-    """Runs ``prompts`` to completion on a vLLM ``LLMEngine``, stepping it here, and times the steps in which the
+    """Runs ``prompts`` (with ``params``, one SamplingParams each) to completion on a vLLM ``LLMEngine``, stepping
+    it here, and times the steps in which the
     whole batch decodes: from the step that gave every request its first token to the first step in which a
     request finished. When the requests' prefills all end on one step (cached prompts) that is every decode step,
     N for ``max_tokens`` N + 1; when they end step by step (chunked prefill, one long prompt after another), the
@@ -112,10 +113,12 @@ def decode_interval(engine, prompts, params, clock=None) -> Interval:
     light). ``whole`` (every request finished on the window's last step) is best effort: the engine core may admit
     the first prompts a step before the rest, which leaves the rate right and the last steps one or two requests
     short."""
+    if len(params) != len(prompts):
+        raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts: one each")
     clock = clock or time.perf_counter
     start = clock()
-    for p in prompts:
-        engine.add_request(f"sweep-{next(_REQUEST_IDS)}", p, params)
+    for p, sp in zip(prompts, params):
+        engine.add_request(f"sweep-{next(_REQUEST_IDS)}", p, sp)
     tokens: dict[str, int] = {}  # each request's output tokens so far (vLLM's outputs are cumulative)
     first = end_full = None
     at_first: dict[str, int] = {}
@@ -149,10 +152,25 @@ def prompt_ids(seed: int, context: int, index: int) -> list[int]:
     return [rng.randrange(10, 100_000) for _ in range(context)]
 
 
+def sampling_params(temperature: float, new_tokens: int, seed: int, context: int, count: int) -> list:
+    """The first ``count`` requests' SamplingParams at a context length: N + 1 tokens, ignore_eos. Greedy at
+    temperature 0, the default. Above 0 each request samples with a seed of its own, a function of (seed, context,
+    index) as its prompt is, so both sides' workers draw the same noise and, where their logits agree closely,
+    the same tokens. Why sample: a server at its default temperature 1.0 draws fresh tokens, and so fresh routing,
+    every step, where greedy decoding on dummy weights may hold a run's tokens to a few sets (a CPU reading, not
+    measured); batch 8's greedy step at 1K moved by a few percent between runs and prompt seeds (PERF_LOG #211)."""
+    from vllm import SamplingParams
+
+    if temperature == 0:
+        return [SamplingParams(temperature=0.0, max_tokens=new_tokens + 1, ignore_eos=True)] * count
+    return [SamplingParams(temperature=temperature, max_tokens=new_tokens + 1, ignore_eos=True,
+                           seed=random.Random(f"sample/{seed}/{context}/{i}").getrandbits(31)) for i in range(count)]
+
+
 def worker(args) -> None:
     """One side: build the engine once, run every case, write a JSON list of cases."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # for apply_model
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm.inputs import TokensPrompt
 
     from benchmarks.kv_fit import case_blocks_needed, describe, kv_groups, usable_blocks
@@ -195,8 +213,7 @@ def worker(args) -> None:
                               f"{need} blocks in {describe(groups)}; the engine has {kv_blocks}")
         else:
             prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, ctx, i)) for i in range(b)]
-
-            params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens + 1, ignore_eos=True)
+            params = sampling_params(args.temperature, args.new_tokens, args.seed, ctx, b)
             try:
                 decode_interval(llm.llm_engine, prompts, params)  # warm-up at this shape
                 runs = [decode_interval(llm.llm_engine, prompts, params) for _ in range(args.repeats)]
@@ -253,8 +270,8 @@ def worker_command(args, side: str, cases: list[dict], part: Path) -> tuple[list
     cmd = [sys.executable, "-m", "benchmarks.decode_sweep", "--worker", side, "--cases", json.dumps(cases),
            "--model", args.model, "--load-format", args.load_format, "--new-tokens", str(args.new_tokens),
            "--repeats", str(args.repeats), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-           "--seed", str(args.seed), "--out", str(part)] + ([] if probe else ["--no-probe-routing"]) \
-        + (["--cache-prompts"] if args.cache_prompts else [])
+           "--seed", str(args.seed), "--temperature", str(args.temperature), "--out", str(part)] \
+        + ([] if probe else ["--no-probe-routing"]) + (["--cache-prompts"] if args.cache_prompts else [])
     return cmd, env
 
 
@@ -273,6 +290,11 @@ def collect_side(side: str, cases: list[dict], part: Path, returncode: int | str
     return got, {"use_megakernel": False, "decision": reason}
 
 
+def sampling_name(temperature: float) -> str:
+    """How the run's tokens were chosen, as results.json's env records it (a run without the key was greedy)."""
+    return "greedy" if temperature == 0 else f"temperature {temperature:g}, a seed per request"
+
+
 def environment(args) -> dict:
     import torch
     import vllm
@@ -282,7 +304,7 @@ def environment(args) -> dict:
             "graph_mode": "vLLM default (FULL_AND_PIECEWISE, torch.compile)", "attention": "vLLM default (FA3)",
             "moe": "vLLM default (Triton on Hopper)",
             "routing_simulation": f"{UNIFORM_ROUTING} (both sides)" if args.uniform_routing else "off",
-            "prefix_caching": args.cache_prompts,
+            "prefix_caching": args.cache_prompts, "sampling": sampling_name(args.temperature),
             **({"prefix_cache_retention": "0 (vLLM keeps each prompt's replay boundary)"}
                if args.cache_prompts else {})}
 
@@ -304,11 +326,16 @@ def main(argv=None) -> None:
                          "uniform_random, which the megakernel follows too), the write-up's random-weights setting")
     ap.add_argument("--no-probe-routing", dest="probe_routing", action="store_false",
                     help="skip measuring distinct experts per step (SOL then assumes uniform routing)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampling temperature of every request; 0 (the default) decodes greedily, above 0 each "
+                         "request samples with its own seed, the same on both sides (sampling_params)")
     ap.add_argument("--cache-prompts", action="store_true",
                     help="keep prompts in vLLM's prefix cache after the warm-up (timed runs skip the prefill)")
     ap.add_argument("--worker", choices=list(SIDE_CONFIG), help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.temperature < 0:
+        ap.error(f"--temperature {args.temperature}: must be 0 (greedy) or more")
     if args.worker:
         args.side = args.worker
         return worker(args)

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.report import summarize, tokens_label
+from benchmarks.report import ENV_DEFAULTS, summarize, tokens_label
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -93,7 +93,10 @@ def _routing(result: dict, folder: str) -> str:
 
 def _sweep_settings(result: dict) -> str:
     env = result["env"]
-    return f"{env.get('load_format', '?')} weights, {result['new_tokens']} new tokens, median of {env['repeats']} runs"
+    sampling = env.get("sampling", ENV_DEFAULTS["sampling"])
+    sampled = "" if sampling == ENV_DEFAULTS["sampling"] else f", tokens sampled at {sampling}"
+    return (f"{env.get('load_format', '?')} weights, {result['new_tokens']} new tokens{sampled}, "
+            f"median of {env['repeats']} runs")
 
 
 def sweep_points(sources: Sequence[Source] = SWEEPS, results: Path = RESULTS) -> dict[tuple[str, int, int], dict]:

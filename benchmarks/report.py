@@ -109,6 +109,9 @@ def markdown(result: dict) -> str:
                          "the weights, so compare the two sides only where the routing matches.\n")
     cached = (" Prompts were prefix-cached by the warm-up, so timed runs recompute only each prompt's last "
               "block." if env.get("prefix_caching") else "")
+    sampling = env.get("sampling", ENV_DEFAULTS["sampling"])
+    if sampling != ENV_DEFAULTS["sampling"]:
+        cached += f" Tokens sampled at {sampling}, the same seeds on both sides (not greedy)."
     bws = result.get("run_bandwidths") or [result["bandwidth_bytes_per_s"]]
     measured = (f"{bws[0] / 1e12:.2f} TB/s" if len(bws) == 1 else
                 f"{min(bws) / 1e12:.2f}-{max(bws) / 1e12:.2f} TB/s in the {len(bws)} runs merged here, each "
@@ -214,7 +217,9 @@ def plots(result: dict, out_dir: Path) -> list[Path]:
 # What runs of one sweep must share to be merged (everything that changes the numbers but the cases).
 MERGE_MUST_MATCH = ("new_tokens", "config")
 ENV_MUST_MATCH = ("gpu", "vllm", "torch", "repeats", "load_format", "model", "graph_mode", "routing_simulation",
-                  "prefix_caching")
+                  "prefix_caching", "sampling")
+# what a run recorded before its env had the key ran as
+ENV_DEFAULTS = {"sampling": "greedy"}
 
 
 def merge(results: list[dict]) -> dict:
@@ -233,8 +238,9 @@ def merge(results: list[dict]) -> dict:
             if r[key] != first[key]:
                 raise ValueError(f"runs differ in {key}: cannot merge")
         for key in ENV_MUST_MATCH:
-            if r["env"].get(key) != first["env"].get(key):
-                raise ValueError(f"runs differ in env.{key}: {first['env'].get(key)!r} vs {r['env'].get(key)!r}")
+            theirs, ours = (x["env"].get(key, ENV_DEFAULTS.get(key)) for x in (r, first))
+            if theirs != ours:
+                raise ValueError(f"runs differ in env.{key}: {ours!r} vs {theirs!r}")
     sides: dict = {}
     for r in results:
         for side, info in r["sides"].items():

@@ -252,7 +252,8 @@ def test_uniform_routing_simulates_both_sides_and_its_sol_uses_the_uniform_formu
     monkeypatch.setenv("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "uniform_random")
 
     args = argparse.Namespace(uniform_routing=True, probe_routing=True, model="m", load_format="dummy",
-                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, cache_prompts=False)
+                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=0.0,
+                              cache_prompts=False)
     stock_cmd, stock_env = decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")
     mk_cmd, mk_env = decode_sweep.worker_command(args, "megakernel", [], tmp_path / "m.json")
     for cmd, env in ((stock_cmd, stock_env), (mk_cmd, mk_env)):  # the megakernel simulates it too
@@ -291,13 +292,64 @@ def test_cached_prompts_run_with_vllms_sliding_window_blocks_hashed_only_at_each
 
     monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "4096")
     args = argparse.Namespace(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
-                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, cache_prompts=True)
+                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=0.0,
+                              cache_prompts=True)
     for side in ("stock", "megakernel"):
         cmd, env = decode_sweep.worker_command(args, side, [], tmp_path / f"{side}.json")
         assert env["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] == "0" and "--cache-prompts" in cmd
     args.cache_prompts = False
     cmd, env = decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")
     assert "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" not in env and "--cache-prompts" not in cmd
+
+
+def test_a_sampled_sweep_seeds_each_request_alike_on_both_sides_and_every_record_says_it_was_not_greedy(
+        config, tmp_path):
+    """--temperature T > 0: every request samples with its own seed, a function of (seed, context, index) like its
+    prompt, so the two sides' workers (separate processes) draw the same noise and a larger batch's first requests
+    are the smaller batch's; the worker command carries it, and the table, merge and the headline's settings say
+    so. Greedy (the default, and every run recorded before the key) stays as it was."""
+    from benchmarks import decode_sweep, headline
+
+    greedy = decode_sweep.sampling_params(0.0, 8, 0, 1024, 3)
+    assert [(p.temperature, p.seed, p.max_tokens, p.ignore_eos) for p in greedy] == [(0.0, None, 9, True)] * 3
+    sampled = decode_sweep.sampling_params(1.0, 8, 0, 1024, 3)
+    seeds = [p.seed for p in sampled]
+    assert all(p.temperature == 1.0 and p.max_tokens == 9 and p.ignore_eos for p in sampled)
+    assert len(set(seeds)) == 3 and all(isinstance(x, int) and x >= 0 for x in seeds)
+    assert seeds == [p.seed for p in decode_sweep.sampling_params(1.0, 8, 0, 1024, 3)]  # the other side's worker
+    assert seeds[:2] == [p.seed for p in decode_sweep.sampling_params(1.0, 8, 0, 1024, 2)]  # nested like prompts
+    assert seeds != [p.seed for p in decode_sweep.sampling_params(1.0, 8, 1, 1024, 3)]
+    assert seeds != [p.seed for p in decode_sweep.sampling_params(1.0, 8, 0, 2048, 3)]
+
+    args = argparse.Namespace(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
+                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=1.0,
+                              cache_prompts=False)
+    for side in ("stock", "megakernel"):
+        cmd, _ = decode_sweep.worker_command(args, side, [], tmp_path / f"{side}.json")
+        assert cmd[cmd.index("--temperature") + 1] == "1.0"
+    with pytest.raises(SystemExit):
+        decode_sweep.main(["--model", "m", "--temperature", "-0.5"])
+    assert decode_sweep.sampling_name(0.0) == "greedy"
+
+    old = recorded(config)  # recorded before the env had a sampling key: greedy
+    new_greedy = copy.deepcopy(old)
+    new_greedy["env"]["sampling"] = decode_sweep.sampling_name(0.0)
+    hot = copy.deepcopy(old)
+    hot["env"]["sampling"] = decode_sweep.sampling_name(1.0)
+    assert "sampled" not in report.markdown(old) and report.markdown(old) == report.markdown(new_greedy)
+    assert "Tokens sampled at temperature 1, a seed per request, the same seeds on both sides" in report.markdown(hot)
+    old["command"], new_greedy["command"], hot["command"] = "run a", "run b", "run c"
+    for case in new_greedy["cases"]:
+        case["context"] *= 4  # other cases, so the two runs may merge
+    assert report.merge([old, new_greedy])["env"].get("sampling", "greedy") == "greedy"
+    for case in hot["cases"]:
+        case["context"] *= 2
+    with pytest.raises(ValueError, match="runs differ in env.sampling: 'greedy' vs 'temperature 1, a seed per request'"):
+        report.merge([old, hot])
+    old["env"]["load_format"] = hot["env"]["load_format"] = "dummy"
+    assert headline._sweep_settings(old) == "dummy weights, 1000 new tokens, median of 3 runs"
+    assert headline._sweep_settings(hot) == ("dummy weights, 1000 new tokens, tokens sampled at temperature 1, "
+                                             "a seed per request, median of 3 runs")
 
 
 def test_a_sweep_cut_short_keeps_the_cases_it_finished(config, tmp_path):
@@ -505,7 +557,7 @@ def test_the_sweep_worker_skips_a_batch_its_engines_kv_cache_cannot_run_at_once(
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
     out = tmp_path / "stock.json"
     args = argparse.Namespace(side="stock", model=str(FULL_CONFIG), load_format="dummy", cache_prompts=True,
-                              new_tokens=256, repeats=1, gpu_memory_utilization=0.9, seed=0, out=out,
+                              new_tokens=256, repeats=1, gpu_memory_utilization=0.9, seed=0, temperature=0.0, out=out,
                               probe_routing=False,
                               cases=json.dumps([{"batch": 58, "context": 32768}, {"batch": 59, "context": 32768}]))
     monkeypatch.setattr(decode_sweep, "prompt_ids", lambda seed, ctx, i: [1])
@@ -1153,7 +1205,7 @@ def test_decode_interval_holds_the_decode_steps_and_none_of_the_prefill(per_pref
 
     clock = types.SimpleNamespace(now=100.0)
     engine = _FakeEngine(clock, prefill_s=3.0, step_s=0.01, per_prefill=per_prefill)
-    params = types.SimpleNamespace(max_tokens=257)
+    params = [types.SimpleNamespace(max_tokens=257)] * 4
     run = decode_interval(engine, ["p"] * 4, params, clock=lambda: clock.now)
     prefill_steps = -(-4 // per_prefill)
     # the requests waiting for the others' prefill do not decode here, so all finish on the last step
@@ -1173,7 +1225,7 @@ def test_decode_interval_leaves_out_the_smaller_batches_after_staggered_prefills
 
     clock = types.SimpleNamespace(now=0.0)
     engine = _FakeEngine(clock, prefill_s=3.0, step_s=0.01, per_prefill=1, mixed=True)
-    run = decode_interval(engine, ["p"] * 4, types.SimpleNamespace(max_tokens=257), clock=lambda: clock.now)
+    run = decode_interval(engine, ["p"] * 4, [types.SimpleNamespace(max_tokens=257)] * 4, clock=lambda: clock.now)
     # at the fourth prefill step the first request has 4 tokens: 253 steps of all four follow until it ends
     assert run.to_first_s == pytest.approx(12.0) and (run.steps, run.whole) == (253, False)
     assert run.per_request_tok_s == pytest.approx(100.0)  # one token per request per 0.01-s step of the batch
@@ -1191,7 +1243,7 @@ def test_a_run_whose_first_request_finishes_before_the_last_starts_has_no_batch_
     clock = types.SimpleNamespace(now=0.0)
     engine = _FakeEngine(clock, prefill_s=3.0, step_s=0.01, per_prefill=1, mixed=True)
     with pytest.raises(NoWholeBatch, match="finished its 5 tokens before 3 of the 8 prompts had their first token"):
-        decode_interval(engine, ["p"] * 8, types.SimpleNamespace(max_tokens=5), clock=lambda: clock.now)
+        decode_interval(engine, ["p"] * 8, [types.SimpleNamespace(max_tokens=5)] * 8, clock=lambda: clock.now)
 
 
 def test_the_table_says_when_a_runs_rate_counts_only_the_steps_before_its_first_request_finished(config):
