@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from benchmarks import SIDE_CONFIG, write_json_atomic
+from benchmarks.report import ENV_DEFAULTS
 from vllm_megakernel.options import UNIFORM_ROUTING
 
 
@@ -104,15 +105,14 @@ class NoWholeBatch(RuntimeError):
 
 def decode_interval(engine, prompts, params, clock=None) -> Interval:
     """Runs ``prompts`` (with ``params``, one SamplingParams each) to completion on a vLLM ``LLMEngine``, stepping
-    it here, and times the steps in which the
-    whole batch decodes: from the step that gave every request its first token to the first step in which a
-    request finished. When the requests' prefills all end on one step (cached prompts) that is every decode step,
-    N for ``max_tokens`` N + 1; when they end step by step (chunked prefill, one long prompt after another), the
-    early requests decode alongside the later prefills and finish first, and the steps after that run a smaller
-    batch: those are left out (session AR's 8 x 128K runs, where they had inflated the rate past the speed of
-    light). ``whole`` (every request finished on the window's last step) is best effort: the engine core may admit
-    the first prompts a step before the rest, which leaves the rate right and the last steps one or two requests
-    short."""
+    it here, and times the steps in which the whole batch decodes: from the step that gave every request its first
+    token to the first step in which a request finished. When the requests' prefills all end on one step (cached
+    prompts) that is every decode step, N for ``max_tokens`` N + 1; when they end step by step (chunked prefill, one
+    long prompt after another), the early requests decode alongside the later prefills and finish first, and the
+    steps after that run a smaller batch: those are left out (session AR's 8 x 128K runs, where they had inflated
+    the rate past the speed of light). ``whole`` (every request finished on the window's last step) is best effort:
+    the engine core may admit the first prompts a step before the rest, which leaves the rate right and the last
+    steps one or two requests short."""
     if len(params) != len(prompts):
         raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts: one each")
     clock = clock or time.perf_counter
@@ -292,7 +292,7 @@ def collect_side(side: str, cases: list[dict], part: Path, returncode: int | str
 
 def sampling_name(temperature: float) -> str:
     """How the run's tokens were chosen, as results.json's env records it (a run without the key was greedy)."""
-    return "greedy" if temperature == 0 else f"temperature {temperature:g}, a seed per request"
+    return ENV_DEFAULTS["sampling"] if temperature == 0 else f"temperature {temperature:g}, a seed per request"
 
 
 def environment(args) -> dict:

@@ -8,10 +8,10 @@
 # OUT_DIR receives p0/ p1/ ... (pieces of one xz archive, each PIECE_MIB so that a piece plus the source tree
 # -- 17 MB with its committed results in session L, where 48 MiB pieces no longer fit, 27 MiB in session AA,
 # where 36 MiB pieces no longer did, 32.9 MiB in session AU, where 27 MiB pieces left under 4 MiB for results;
-# tests/cpu/test_offline_bundle.py keeps the sum under 64 MiB -- makes one 64 MiB transfer), install.sh, env.sh and bundle.sha256. On the host: copy every piece's
-# files into one folder (install.sh --stash DIR does it, one piece at a time), then run install.sh, which
-# unpacks into /tmp/site, installs this project from the shipped source with its CUDA extension, and
-# checks that vllm, lm_eval and vllm_megakernel import.
+# tests/cpu/test_offline_bundle.py keeps the sum under 64 MiB -- makes one 64 MiB transfer), install.sh, env.sh
+# and bundle.sha256. On the host: copy every piece's files into one folder (install.sh --stash DIR does it, one
+# piece at a time), then run install.sh, which unpacks into /tmp/site, installs this project from the shipped
+# source with its CUDA extension, and checks that vllm, lm_eval and vllm_megakernel import.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
