@@ -72,14 +72,19 @@ RETENTION_VAR = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"  # vLLM's: which sliding-
 LEN_MARGIN = 16  # max_model_len headroom over the longest context plus its new tokens
 
 
-def check_contexts(contexts: list[int], new_tokens: int, config: dict) -> None:
-    """A context whose sequence would outgrow the model's positions is an error up front, not an engine
-    failure minutes later; the message names the longest context that fits (the 256K grid point)."""
-    limit = config["max_position_embeddings"]
+def check_contexts(contexts: list[int], new_tokens: int, config: dict, max_model_len: int | None = None) -> None:
+    """A context whose sequence would outgrow the model's positions (or a --max-model-len given) is an error up
+    front, not an engine failure minutes later; the message names the longest context that fits (the 256K grid
+    point)."""
+    positions = config["max_position_embeddings"]
+    if max_model_len is not None and not 0 < max_model_len <= positions:
+        raise ValueError(f"--max-model-len {max_model_len} is outside the model's 1..{positions} positions")
+    limit = max_model_len or positions
+    what = f"--max-model-len {limit}" if max_model_len else f"the model's {limit} positions"
     longest = limit - new_tokens - LEN_MARGIN
     too_long = [c for c in contexts if c > longest]
     if too_long:
-        raise ValueError(f"contexts {too_long} plus {new_tokens} new tokens exceed the model's {limit} positions; "
+        raise ValueError(f"contexts {too_long} plus {new_tokens} new tokens exceed {what}; "
                          f"the longest context that fits is {longest}")
 
 
@@ -181,7 +186,7 @@ def worker(args) -> None:
     engine_start = time.perf_counter()
     llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True,
               enable_prefix_caching=args.cache_prompts, additional_config=SIDE_CONFIG[args.side],
-              max_model_len=max_ctx + args.new_tokens + LEN_MARGIN, max_num_seqs=max(max_batch, 1),
+              max_model_len=args.max_model_len or max_ctx + args.new_tokens + LEN_MARGIN, max_num_seqs=max(max_batch, 1),
               gpu_memory_utilization=args.gpu_memory_utilization, seed=0)
     vllm_config = llm.llm_engine.vllm_config
     cache = vllm_config.cache_config
@@ -271,7 +276,8 @@ def worker_command(args, side: str, cases: list[dict], part: Path) -> tuple[list
            "--model", args.model, "--load-format", args.load_format, "--new-tokens", str(args.new_tokens),
            "--repeats", str(args.repeats), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
            "--seed", str(args.seed), "--temperature", str(args.temperature), "--out", str(part)] \
-        + ([] if probe else ["--no-probe-routing"]) + (["--cache-prompts"] if args.cache_prompts else [])
+        + ([] if probe else ["--no-probe-routing"]) + (["--cache-prompts"] if args.cache_prompts else []) \
+        + (["--max-model-len", str(args.max_model_len)] if args.max_model_len else [])
     return cmd, env
 
 
@@ -305,6 +311,7 @@ def environment(args) -> dict:
             "moe": "vLLM default (Triton on Hopper)",
             "routing_simulation": f"{UNIFORM_ROUTING} (both sides)" if args.uniform_routing else "off",
             "prefix_caching": args.cache_prompts, "sampling": sampling_name(args.temperature),
+            "max_model_len": args.max_model_len or ENV_DEFAULTS["max_model_len"],
             **({"prefix_cache_retention": "0 (vLLM keeps each prompt's replay boundary)"}
                if args.cache_prompts else {})}
 
@@ -331,6 +338,10 @@ def main(argv=None) -> None:
                          "request samples with its own seed, the same on both sides (sampling_params)")
     ap.add_argument("--cache-prompts", action="store_true",
                     help="keep prompts in vLLM's prefix cache after the warm-up (timed runs skip the prefill)")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="both engines' max_model_len (default: fitted, the longest context + new tokens + "
+                         f"{LEN_MARGIN}); a server leaves it at the model's positions, and vLLM copies every "
+                         "step's block-table rows at that width")
     ap.add_argument("--worker", choices=list(SIDE_CONFIG), help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -347,7 +358,7 @@ def main(argv=None) -> None:
              for b in args.batch_sizes.split(",")]
     config = json.loads((Path(args.model) / "config.json").read_text())
     try:
-        check_contexts(sorted({c["context"] for c in cases}), args.new_tokens, config)
+        check_contexts(sorted({c["context"] for c in cases}), args.new_tokens, config, args.max_model_len)
     except ValueError as e:
         ap.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -95,6 +95,8 @@ def _sweep_settings(result: dict) -> str:
     env = result["env"]
     sampling = env.get("sampling", ENV_DEFAULTS["sampling"])
     sampled = "" if sampling == ENV_DEFAULTS["sampling"] else f", tokens sampled at {sampling}"
+    max_len = env.get("max_model_len", ENV_DEFAULTS["max_model_len"])
+    sampled += "" if max_len == ENV_DEFAULTS["max_model_len"] else f", max_model_len {max_len}"
     return (f"{env.get('load_format', '?')} weights, {result['new_tokens']} new tokens{sampled}, "
             f"median of {env['repeats']} runs")
 

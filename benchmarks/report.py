@@ -112,6 +112,10 @@ def markdown(result: dict) -> str:
     sampling = env.get("sampling", ENV_DEFAULTS["sampling"])
     if sampling != ENV_DEFAULTS["sampling"]:
         cached += f" Tokens sampled at {sampling}, the same seeds on both sides (not greedy)."
+    max_len = env.get("max_model_len", ENV_DEFAULTS["max_model_len"])
+    if max_len != ENV_DEFAULTS["max_model_len"]:
+        cached += (f" Both engines at max_model_len {max_len}, not fitted to the contexts (vLLM copies every step's "
+                   "block-table rows at that width).")
     bws = result.get("run_bandwidths") or [result["bandwidth_bytes_per_s"]]
     measured = (f"{bws[0] / 1e12:.2f} TB/s" if len(bws) == 1 else
                 f"{min(bws) / 1e12:.2f}-{max(bws) / 1e12:.2f} TB/s in the {len(bws)} runs merged here, each "
@@ -217,9 +221,9 @@ def plots(result: dict, out_dir: Path) -> list[Path]:
 # What runs of one sweep must share to be merged (everything that changes the numbers but the cases).
 MERGE_MUST_MATCH = ("new_tokens", "config")
 ENV_MUST_MATCH = ("gpu", "vllm", "torch", "repeats", "load_format", "model", "graph_mode", "routing_simulation",
-                  "prefix_caching", "sampling")
+                  "prefix_caching", "sampling", "max_model_len")
 # what a run recorded before its env had the key ran as
-ENV_DEFAULTS = {"sampling": "greedy"}
+ENV_DEFAULTS = {"sampling": "greedy", "max_model_len": "fitted"}
 
 
 def merge(results: list[dict]) -> dict:

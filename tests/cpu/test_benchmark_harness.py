@@ -253,7 +253,7 @@ def test_uniform_routing_simulates_both_sides_and_its_sol_uses_the_uniform_formu
 
     args = argparse.Namespace(uniform_routing=True, probe_routing=True, model="m", load_format="dummy",
                               new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=0.0,
-                              cache_prompts=False)
+                              cache_prompts=False, max_model_len=None)
     stock_cmd, stock_env = decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")
     mk_cmd, mk_env = decode_sweep.worker_command(args, "megakernel", [], tmp_path / "m.json")
     for cmd, env in ((stock_cmd, stock_env), (mk_cmd, mk_env)):  # the megakernel simulates it too
@@ -293,7 +293,7 @@ def test_cached_prompts_run_with_vllms_sliding_window_blocks_hashed_only_at_each
     monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "4096")
     args = argparse.Namespace(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
                               new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=0.0,
-                              cache_prompts=True)
+                              cache_prompts=True, max_model_len=None)
     for side in ("stock", "megakernel"):
         cmd, env = decode_sweep.worker_command(args, side, [], tmp_path / f"{side}.json")
         assert env["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] == "0" and "--cache-prompts" in cmd
@@ -323,7 +323,7 @@ def test_a_sampled_sweep_seeds_each_request_alike_on_both_sides_and_every_record
 
     args = argparse.Namespace(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
                               new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=1.0,
-                              cache_prompts=False)
+                              cache_prompts=False, max_model_len=None)
     for side in ("stock", "megakernel"):
         cmd, _ = decode_sweep.worker_command(args, side, [], tmp_path / f"{side}.json")
         assert cmd[cmd.index("--temperature") + 1] == "1.0"
@@ -536,7 +536,7 @@ def test_the_sweep_worker_skips_a_batch_its_engines_kv_cache_cannot_run_at_once(
     from benchmarks import decode_sweep
 
     clock = types.SimpleNamespace(now=0.0)
-    added = []
+    added, engine_lens = [], []
 
     class Engine(_FakeEngine):  # 100 tokens/s per request once decoding
         def add_request(self, request_id, prompt, params):
@@ -545,6 +545,7 @@ def test_the_sweep_worker_skips_a_batch_its_engines_kv_cache_cannot_run_at_once(
 
     class FakeLLM:
         def __init__(self, **kw):
+            engine_lens.append(kw["max_model_len"])
             self.llm_engine = Engine(clock, prefill_s=2.0, step_s=0.01, per_prefill=1000)
             self.llm_engine.vllm_config = types.SimpleNamespace(
                 cache_config=types.SimpleNamespace(num_gpu_blocks=168162, block_size=16),
@@ -558,7 +559,7 @@ def test_the_sweep_worker_skips_a_batch_its_engines_kv_cache_cannot_run_at_once(
     out = tmp_path / "stock.json"
     args = argparse.Namespace(side="stock", model=str(FULL_CONFIG), load_format="dummy", cache_prompts=True,
                               new_tokens=256, repeats=1, gpu_memory_utilization=0.9, seed=0, temperature=0.0, out=out,
-                              probe_routing=False,
+                              probe_routing=False, max_model_len=None,
                               cases=json.dumps([{"batch": 58, "context": 32768}, {"batch": 59, "context": 32768}]))
     monkeypatch.setattr(decode_sweep, "prompt_ids", lambda seed, ctx, i: [1])
     monkeypatch.setattr(decode_sweep.time, "perf_counter", lambda: clock.now)
@@ -568,6 +569,10 @@ def test_the_sweep_worker_skips_a_batch_its_engines_kv_cache_cannot_run_at_once(
     assert fit["per_request_tok_s"] == [pytest.approx(100.0)]
     assert unfit["status"] == "skipped" and "does not fit the KV cache" in unfit["reason"]
     assert len(added) == 58 * 2  # a warm-up run and one timed run, both of the batch that fits
+    assert engine_lens == [32768 + 256 + decode_sweep.LEN_MARGIN]  # fitted to the longest context by default
+    args.max_model_len = 262144  # --max-model-len: the engine gets it as given
+    decode_sweep.worker(args)
+    assert engine_lens[1:] == [262144]
 
 
 def test_a_context_past_the_models_positions_is_refused_up_front_naming_the_longest_that_fits(config, capsys):
@@ -580,6 +585,44 @@ def test_a_context_past_the_models_positions_is_refused_up_front_naming_the_long
     with pytest.raises(SystemExit):  # the CLI says so before measuring or starting any engine
         decode_sweep.main(["--model", str(FULL_CONFIG), "--contexts", str(limit), "--new-tokens", "256"])
     assert f"exceed the model's {limit} positions" in capsys.readouterr().err
+
+
+def test_a_sweep_at_a_given_max_model_len_carries_it_to_both_workers_and_every_record_says_so(config, tmp_path):
+    """--max-model-len N (a server's default is the model's positions, and vLLM copies each step's block-table rows
+    at that width): both workers' engines get N, contexts that N cannot hold are refused up front, the env records
+    it, the table and the headline's settings say so, and merge refuses a run at N with a fitted one (a run
+    recorded before the key was fitted)."""
+    from benchmarks import decode_sweep, headline
+
+    positions = config["max_position_embeddings"]
+    args = argparse.Namespace(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
+                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=0.0,
+                              cache_prompts=False, max_model_len=positions)
+    for side in ("stock", "megakernel"):
+        cmd, _ = decode_sweep.worker_command(args, side, [], tmp_path / f"{side}.json")
+        assert cmd[cmd.index("--max-model-len") + 1] == str(positions)
+    args.max_model_len = None
+    assert "--max-model-len" not in decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")[0]
+
+    decode_sweep.check_contexts([2048 - 256 - 16], 256, config, 2048)  # fits exactly
+    with pytest.raises(ValueError, match="exceed --max-model-len 2048; the longest context that fits is 1776"):
+        decode_sweep.check_contexts([2048], 256, config, 2048)
+    with pytest.raises(ValueError, match="outside the model's"):
+        decode_sweep.check_contexts([1024], 256, config, positions + 1)
+
+    old = recorded(config)  # recorded before the env had the key: fitted
+    wide = copy.deepcopy(old)
+    wide["env"]["max_model_len"] = positions
+    assert "max_model_len" not in report.markdown(old)
+    assert f"Both engines at max_model_len {positions}, not fitted to the contexts" in report.markdown(wide)
+    old["command"], wide["command"] = "run a", "run b"
+    for case in wide["cases"]:
+        case["context"] *= 2
+    with pytest.raises(ValueError, match=f"runs differ in env.max_model_len: 'fitted' vs {positions}"):
+        report.merge([old, wide])
+    wide["env"]["load_format"] = "dummy"
+    assert headline._sweep_settings(wide) == (f"dummy weights, 1000 new tokens, max_model_len {positions}, "
+                                              "median of 3 runs")
 
 
 def test_plots_are_png_files(config, tmp_path):
