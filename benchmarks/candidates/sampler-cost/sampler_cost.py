@@ -8,11 +8,14 @@ bundle.sha256: `source benchmarks/candidates/next-calls/bundle-env.sh /tmp && py
 benchmarks/candidates/sampler-cost/sampler_cost.py`; about a minute. Run on the CPU with dev = cpu and a small
 vocabulary it builds the metadata and samples on all three paths."""
 import statistics
+import time
 
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
+
+from benchmarks.sol import cuda_times
 
 B, V = 8, 262144
 dev = torch.device("cuda")
@@ -34,18 +37,8 @@ def metadata(temp: float, seeded: bool) -> SamplingMetadata:
         logitsprocs=LogitsProcessors())
 
 
-def time_ms(fn, reps=50):
-    for _ in range(10):
-        fn()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+def time_ms(fn) -> float:
+    return statistics.median(cuda_times(fn, iters=50, warmup=10)) * 1e3
 
 
 sampler = Sampler().to(dev)
@@ -56,7 +49,6 @@ for name, temp, seeded in (("greedy", 0.0, False), ("temperature 1", 1.0, False)
     md = metadata(temp, seeded)
     ms = time_ms(lambda: sampler(base.clone(), md))
     wall = []
-    import time
     for _ in range(20):  # host time of one call, GPU synced before and after
         torch.cuda.synchronize()
         t = time.perf_counter()
