@@ -186,8 +186,8 @@ def worker(args) -> None:
     engine_start = time.perf_counter()
     llm = LLM(model=args.model, load_format=args.load_format, skip_tokenizer_init=True,
               enable_prefix_caching=args.cache_prompts, additional_config=SIDE_CONFIG[args.side],
-              max_model_len=args.max_model_len or max_ctx + args.new_tokens + LEN_MARGIN, max_num_seqs=max(max_batch, 1),
-              gpu_memory_utilization=args.gpu_memory_utilization, seed=0)
+              max_model_len=args.max_model_len or max_ctx + args.new_tokens + LEN_MARGIN,
+              max_num_seqs=max(max_batch, 1), gpu_memory_utilization=args.gpu_memory_utilization, seed=0)
     vllm_config = llm.llm_engine.vllm_config
     cache = vllm_config.cache_config
     kv_blocks = cache.num_gpu_blocks or 0

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.report import ENV_DEFAULTS, summarize, tokens_label
+from benchmarks.report import changed_env, summarize, tokens_label
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -91,13 +91,14 @@ def _routing(result: dict, folder: str) -> str:
     raise ValueError(f"{folder}: routing simulated on the stock side only ({simulation}); not a comparison")
 
 
+# how the settings' row notes name a run's non-default env settings (report.changed_env)
+_SETTING_PHRASES = {"sampling": "tokens sampled at {}", "max_model_len": "max_model_len {}"}
+
+
 def _sweep_settings(result: dict) -> str:
     env = result["env"]
-    sampling = env.get("sampling", ENV_DEFAULTS["sampling"])
-    sampled = "" if sampling == ENV_DEFAULTS["sampling"] else f", tokens sampled at {sampling}"
-    max_len = env.get("max_model_len", ENV_DEFAULTS["max_model_len"])
-    sampled += "" if max_len == ENV_DEFAULTS["max_model_len"] else f", max_model_len {max_len}"
-    return (f"{env.get('load_format', '?')} weights, {result['new_tokens']} new tokens{sampled}, "
+    named = "".join(f", {_SETTING_PHRASES[k].format(v)}" for k, v in changed_env(env).items())
+    return (f"{env.get('load_format', '?')} weights, {result['new_tokens']} new tokens{named}, "
             f"median of {env['repeats']} runs")
 
 

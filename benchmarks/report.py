@@ -109,13 +109,12 @@ def markdown(result: dict) -> str:
                          "the weights, so compare the two sides only where the routing matches.\n")
     cached = (" Prompts were prefix-cached by the warm-up, so timed runs recompute only each prompt's last "
               "block." if env.get("prefix_caching") else "")
-    sampling = env.get("sampling", ENV_DEFAULTS["sampling"])
-    if sampling != ENV_DEFAULTS["sampling"]:
-        cached += f" Tokens sampled at {sampling}, the same seeds on both sides (not greedy)."
-    max_len = env.get("max_model_len", ENV_DEFAULTS["max_model_len"])
-    if max_len != ENV_DEFAULTS["max_model_len"]:
-        cached += (f" Both engines at max_model_len {max_len}, not fitted to the contexts (vLLM copies every step's "
-                   "block-table rows at that width).")
+    changed = changed_env(env)
+    if "sampling" in changed:
+        cached += f" Tokens sampled at {changed['sampling']}, the same seeds on both sides (not greedy)."
+    if "max_model_len" in changed:
+        cached += (f" Both engines at max_model_len {changed['max_model_len']}, not fitted to the contexts (vLLM "
+                   "copies every step's block-table rows at that width).")
     bws = result.get("run_bandwidths") or [result["bandwidth_bytes_per_s"]]
     measured = (f"{bws[0] / 1e12:.2f} TB/s" if len(bws) == 1 else
                 f"{min(bws) / 1e12:.2f}-{max(bws) / 1e12:.2f} TB/s in the {len(bws)} runs merged here, each "
@@ -226,6 +225,18 @@ ENV_MUST_MATCH = ("gpu", "vllm", "torch", "repeats", "load_format", "model", "gr
 ENV_DEFAULTS = {"sampling": "greedy", "max_model_len": "fitted"}
 
 
+def env_value(env: dict, key: str):
+    """A recorded env setting, or for a run recorded before the key what it ran as (ENV_DEFAULTS)."""
+    return env.get(key, ENV_DEFAULTS.get(key))
+
+
+def changed_env(env: dict) -> dict:
+    """The run's settings among ENV_DEFAULTS' keys that are not their default, which the table and the headline
+    name (a greedy run at a fitted max_model_len names none)."""
+    values = {k: env_value(env, k) for k in ENV_DEFAULTS}
+    return {k: v for k, v in values.items() if v != ENV_DEFAULTS[k]}
+
+
 def merge(results: list[dict]) -> dict:
     """One result from several runs of the same sweep (e.g. 1K-8K contexts on one GPU, 32K on another).
     Each case keeps the bandwidth its own run measured; runs that differ in settings, disagree on a side's
@@ -242,7 +253,7 @@ def merge(results: list[dict]) -> dict:
             if r[key] != first[key]:
                 raise ValueError(f"runs differ in {key}: cannot merge")
         for key in ENV_MUST_MATCH:
-            theirs, ours = (x["env"].get(key, ENV_DEFAULTS.get(key)) for x in (r, first))
+            theirs, ours = (env_value(x["env"], key) for x in (r, first))
             if theirs != ours:
                 raise ValueError(f"runs differ in env.{key}: {ours!r} vs {theirs!r}")
     sides: dict = {}
