@@ -245,15 +245,21 @@ def test_a_stock_only_baseline_says_so_and_plots_no_speedup(config, tmp_path):
     assert [p.name for p in report.plots(result, tmp_path)] == ["toks_vs_batch.png", "pct_sol.png"]
 
 
+def sweep_args(**changes) -> argparse.Namespace:
+    """decode_sweep's parsed options as worker_command reads them (greedy, fitted max_model_len, no prompt cache, a
+    dummy model and 8 new tokens), with ``changes`` on top."""
+    return argparse.Namespace(**(dict(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
+                                      new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=0.0,
+                                      cache_prompts=False, max_model_len=None) | changes))
+
+
 def test_uniform_routing_simulates_both_sides_and_its_sol_uses_the_uniform_formula(config, tmp_path, monkeypatch):
     from benchmarks import decode_sweep
 
     # an exported simulation variable never leaks into a worker: the flag alone decides, so env says what ran
     monkeypatch.setenv("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "uniform_random")
 
-    args = argparse.Namespace(uniform_routing=True, probe_routing=True, model="m", load_format="dummy",
-                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=0.0,
-                              cache_prompts=False, max_model_len=None)
+    args = sweep_args(uniform_routing=True)
     stock_cmd, stock_env = decode_sweep.worker_command(args, "stock", [], tmp_path / "s.json")
     mk_cmd, mk_env = decode_sweep.worker_command(args, "megakernel", [], tmp_path / "m.json")
     for cmd, env in ((stock_cmd, stock_env), (mk_cmd, mk_env)):  # the megakernel simulates it too
@@ -291,9 +297,7 @@ def test_cached_prompts_run_with_vllms_sliding_window_blocks_hashed_only_at_each
     from benchmarks import decode_sweep
 
     monkeypatch.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "4096")
-    args = argparse.Namespace(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
-                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=0.0,
-                              cache_prompts=True, max_model_len=None)
+    args = sweep_args(cache_prompts=True)
     for side in ("stock", "megakernel"):
         cmd, env = decode_sweep.worker_command(args, side, [], tmp_path / f"{side}.json")
         assert env["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] == "0" and "--cache-prompts" in cmd
@@ -321,9 +325,7 @@ def test_a_sampled_sweep_seeds_each_request_alike_on_both_sides_and_every_record
     assert seeds != [p.seed for p in decode_sweep.sampling_params(1.0, 8, 1, 1024, 3)]
     assert seeds != [p.seed for p in decode_sweep.sampling_params(1.0, 8, 0, 2048, 3)]
 
-    args = argparse.Namespace(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
-                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=1.0,
-                              cache_prompts=False, max_model_len=None)
+    args = sweep_args(temperature=1.0)
     for side in ("stock", "megakernel"):
         cmd, _ = decode_sweep.worker_command(args, side, [], tmp_path / f"{side}.json")
         assert cmd[cmd.index("--temperature") + 1] == "1.0"
@@ -595,9 +597,7 @@ def test_a_sweep_at_a_given_max_model_len_carries_it_to_both_workers_and_every_r
     from benchmarks import decode_sweep, headline
 
     positions = config["max_position_embeddings"]
-    args = argparse.Namespace(uniform_routing=False, probe_routing=True, model="m", load_format="dummy",
-                              new_tokens=8, repeats=3, gpu_memory_utilization=0.9, seed=0, temperature=0.0,
-                              cache_prompts=False, max_model_len=positions)
+    args = sweep_args(max_model_len=positions)
     for side in ("stock", "megakernel"):
         cmd, _ = decode_sweep.worker_command(args, side, [], tmp_path / f"{side}.json")
         assert cmd[cmd.index("--max-model-len") + 1] == str(positions)
