@@ -3,10 +3,11 @@ per-request generators: CUDA-event time of one forward (median of 50, after 10 w
 synced around it. Why: at batch 8 and 1K the decode_sweep step grew 0.52 / 0.58 ms (stock / megakernel) on an H100
 between greedy and temperature 1 (PERF_LOG #212), ~0.35-0.5 ms of it not the routing; this says whether that is the
 sampler's kernels (then the GPU time shows it) or host work the sampled path puts on the step (then only the host time
-does). Not run yet (session AW's machine went back). Either GPU, after the stash calls, carry install.sh, env.sh and
-bundle.sha256: `source benchmarks/candidates/next-calls/bundle-env.sh /tmp && python
-benchmarks/candidates/sampler-cost/sampler_cost.py`; about a minute. Run on the CPU with dev = cpu and a small
-vocabulary it builds the metadata and samples on all three paths."""
+does). Ran in session AX on an H100 (`sampler-cost.md` beside this file; PERF_LOG #214), from its path then,
+`benchmarks/candidates/sampler-cost/`. To run it again after the stash calls (carry install.sh, env.sh and
+bundle.sha256): `source benchmarks/candidates/next-calls/bundle-env.sh /tmp && python
+benchmarks/results/h100-2026-12-06-session-ax/sampler-cost/sampler_cost.py` (about half a minute). Run on the CPU
+with dev = cpu and a small vocabulary it builds the metadata and samples on all three paths."""
 import statistics
 import time
 
