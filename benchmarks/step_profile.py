@@ -6,7 +6,8 @@
 The decode sweep gives one number per step; the megakernel's step inside vLLM has sat 0.2-0.65 ms above the
 kernel alone (benchmarks.kernel_profile) in the runs so far, and this tool says what that is. Each side runs
 in its own process (the switch is per process) with vLLM's defaults, as benchmarks.decode_sweep builds it
-(prefix-cached prompts, greedy sampling, ignore_eos). A side's worker prefills its batch, steps the engine
+(prefix-cached prompts, greedy sampling or ``--temperature``'s seeded sampling, ignore_eos). A side's worker
+prefills its batch, steps the engine
 until every request has its first token, then records ``--steps`` pure decode steps with vLLM's torch
 profiler (kernels inside CUDA graphs included), and times as many steps again without the profiler. The
 orchestrator reads each side's chrome trace and writes ``table.md`` (and ``profile.json``): per side, every
@@ -44,6 +45,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks import SIDE_CONFIG, write_json_atomic, write_text_atomic
+from benchmarks.report import ENV_DEFAULTS
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 PHASES = ("decode", "prefill")
@@ -90,8 +92,10 @@ def markdown(result: dict) -> str:
     prefill = result.get("phase") == "prefill"
     unit = (f"prefills of {result['batch']} fresh prompt(s) of {result['context']} tokens" if prefill
             else f"decode steps at batch {result['batch']}, context {result['context']}")
+    sampling = result.get("sampling", ENV_DEFAULTS["sampling"])  # a result written before the key was greedy
+    sampled = "" if sampling == ENV_DEFAULTS["sampling"] else f" Tokens sampled at {sampling}, the same on both sides."
     lines = [f"{result['steps']} profiled {unit} per side; GPU {result.get('gpu', '?')}, vLLM "
-             f"{result.get('vllm', '?')}.", ""]
+             f"{result.get('vllm', '?')}.{sampled}", ""]
     for side, s in result["sides"].items():
         if "error" in s:
             lines += [f"## {side}", "", f"did not run: {s['error']}", ""]
@@ -184,20 +188,20 @@ def decode_new_tokens(steps: int) -> int:
 def _decode_worker(args, llm, info: dict) -> None:
     """``--phase decode``: record ``steps`` pure decode steps of ``batch`` prefix-cached prompts, time as many
     without the profiler."""
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from benchmarks.decode_sweep import prompt_ids
+    from benchmarks.decode_sweep import prompt_ids, sampling_params
 
-    new_tokens = decode_new_tokens(args.steps)
     engine = llm.llm_engine
     prompts = [TokensPrompt(prompt_token_ids=prompt_ids(args.seed, args.context, i)) for i in range(args.batch)]
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    # greedy, or each request sampling with a seed of its own as decode_sweep's --temperature does (the server's
+    # default temperature draws fresh tokens every step); decode_new_tokens(steps) tokens a request
+    params = sampling_params(args.temperature, decode_new_tokens(args.steps) - 1, args.seed, args.context, args.batch)
 
     def run(profile: bool) -> float:
         # the prefill (cached prompts: their last block) and first tokens
-        _to_first_tokens(engine, [(f"profile-{profile}-{time.monotonic_ns()}-{i}", p) for i, p in enumerate(prompts)],
-                         params)
+        _to_first_tokens(engine, [(f"profile-{profile}-{time.monotonic_ns()}-{i}", p, params[i])
+                                  for i, p in enumerate(prompts)])
         for _ in range(args.steps):  # decode steps nobody times: graphs, caches and clocks settle
             engine.step()
         if profile:
@@ -218,9 +222,10 @@ def _decode_worker(args, llm, info: dict) -> None:
     write_json_atomic(args.out, {"side": args.worker, "wall_ms_per_step": 1000 * wall / args.steps, **info})
 
 
-def _to_first_tokens(engine, requests: list[tuple[str, object]], params) -> None:
-    """Adds the (request id, prompt) requests and steps the engine until every one has its first token."""
-    for rid, prompt in requests:
+def _to_first_tokens(engine, requests: list[tuple[str, object, object]]) -> None:
+    """Adds the (request id, prompt, sampling params) requests and steps the engine until every one has its first
+    token."""
+    for rid, prompt, params in requests:
         engine.add_request(rid, prompt, params)
     started: set[str] = set()
     while len(started) < len(requests):
@@ -261,11 +266,11 @@ def _prefill_worker(args, llm, info: dict) -> None:
 
     def unit(max_tokens: int) -> float:
         k = next(runs)  # a new seed a unit: prefix caching must not find any of the prompt
-        requests = [(f"prefill-{k}-{i}", TokensPrompt(prompt_token_ids=prompt_ids(args.seed + k, args.context, i)))
-                    for i in range(args.batch)]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        requests = [(f"prefill-{k}-{i}", TokensPrompt(prompt_token_ids=prompt_ids(args.seed + k, args.context, i)),
+                     params) for i in range(args.batch)]
         t0 = time.perf_counter()
-        _to_first_tokens(engine, requests, params)
+        _to_first_tokens(engine, requests)
         elapsed = time.perf_counter() - t0
         while engine.has_unfinished_requests():
             engine.step()
@@ -304,6 +309,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=25, help="kernels listed per side; the rest in one row")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="the decode phase's sampling temperature; 0 (the default) decodes greedily, above 0 each "
+                         "request samples with its own seed, the same on both sides (decode_sweep.sampling_params)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/latest-step-profile"))
     ap.add_argument("--worker", choices=list(SIDE_CONFIG), help=argparse.SUPPRESS)
     ap.add_argument("--trace-dir", help=argparse.SUPPRESS)
@@ -313,6 +321,8 @@ def main(argv=None) -> None:
     phases = args.phase.split(",")
     if not phases or set(phases) - set(PHASES) or len(set(phases)) != len(phases):
         ap.error(f"--phase: a comma-separated list of distinct phases from {PHASES}, got {args.phase!r}")
+    if args.temperature < 0:
+        ap.error(f"--temperature {args.temperature}: must be 0 (greedy) or more")
     if args.worker:
         return worker(args)
     if args.steps < 1 or args.batch < 1 or args.prefill_batch < 1:
@@ -321,23 +331,23 @@ def main(argv=None) -> None:
     import torch
     import vllm
 
+    from benchmarks.decode_sweep import sampling_name
+
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join([sys.executable, "-m", "benchmarks.step_profile"] + (argv or sys.argv[1:]))
     results = {phase: {"batch": args.prefill_batch if phase == "prefill" else args.batch, "context": args.context,
                        "steps": args.steps, "phase": phase, "gpu": torch.cuda.get_device_name(),
-                       "vllm": vllm.__version__, "sides": {}, "command": command} for phase in phases}
+                       "vllm": vllm.__version__, "sides": {}, "command": command,
+                       # the prefill units take their first tokens greedily whatever --temperature says
+                       "sampling": sampling_name(args.temperature if phase == "decode" else 0.0)}
+               for phase in phases}
     for side in args.sides.split(","):
         trace_dir, part = args.out / f"{side}-trace", args.out / f"{side}.json"
         for phase in phases:  # never read an earlier run's files
             phase_path(part, phase).unlink(missing_ok=True)
         for old in trace_dir.glob("**/*.pt.trace.json"):
             old.unlink()
-        cmd = [sys.executable, "-m", "benchmarks.step_profile", "--worker", side, "--model", args.model,
-               "--load-format", args.load_format, "--batch", str(args.batch), "--context", str(args.context),
-               "--steps", str(args.steps), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-               "--seed", str(args.seed), "--phase", args.phase, "--prefill-batch", str(args.prefill_batch),
-               "--trace-dir", str(trace_dir), "--out", str(part)]
-        rc = subprocess.run(cmd).returncode
+        rc = subprocess.run(worker_command(args, side, trace_dir, part)).returncode
         for phase in phases:  # a phase that finished before the worker failed keeps its figures
             results[phase]["sides"][side] = read_side(phase_path(part, phase), trace_dir / phase, args.steps,
                                                       args.rows, rc, side)
@@ -351,6 +361,15 @@ def main(argv=None) -> None:
     text = "\n".join(texts if len(phases) == 1 else [f"# {p}\n\n{t}" for p, t in zip(phases, texts)])
     write_text_atomic(args.out / "table.md", text)
     print(text)
+
+
+def worker_command(args, side: str, trace_dir: Path, part: Path) -> list[str]:
+    """The command line of one side's worker process: the run's settings, that side's switch."""
+    return [sys.executable, "-m", "benchmarks.step_profile", "--worker", side, "--model", args.model,
+            "--load-format", args.load_format, "--batch", str(args.batch), "--context", str(args.context),
+            "--steps", str(args.steps), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+            "--seed", str(args.seed), "--temperature", str(args.temperature), "--phase", args.phase,
+            "--prefill-batch", str(args.prefill_batch), "--trace-dir", str(trace_dir), "--out", str(part)]
 
 
 def read_side(part: Path, trace_dir: Path, steps: int, rows: int, rc: int, side: str) -> dict:

@@ -90,7 +90,8 @@ class _FakeEngine:
         self.log, self.pending, self.live = log, [], {}
 
     def add_request(self, rid, prompt, params):
-        self.log.append(("add", rid, tuple(prompt["prompt_token_ids"]), params.max_tokens))
+        self.log.append(("add", rid, tuple(prompt["prompt_token_ids"]), params.max_tokens, params.temperature,
+                         params.seed))
         self.pending.append(rid)
 
     def step(self):
@@ -187,3 +188,51 @@ def test_a_phase_list_with_an_unknown_or_repeated_phase_is_refused(phase, capsys
     with pytest.raises(SystemExit):
         step_profile.main(["--model", "m", "--phase", phase])
     assert "--phase" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_decode_phase_samples_as_the_sweep_does_each_request_with_a_seed_of_its_own(tmp_path, temperature):
+    """--temperature: greedy at 0; above 0 every request of the batch samples with its own seed (decode_sweep's
+    sampling_params: the same seeds on both sides and in every run, so the profiled steps draw what the timed
+    ones drew), each request asking for decode_new_tokens(steps) tokens either way."""
+    log = []
+    llm = SimpleNamespace(llm_engine=_FakeEngine(log), start_profile=lambda: log.append(("start",)),
+                          stop_profile=lambda: log.append(("stop",)))
+    args = SimpleNamespace(batch=4, context=16, seed=3, steps=2, temperature=temperature, worker="stock",
+                           out=tmp_path / "stock-decode.json")
+    step_profile._decode_worker(args, llm, {"decision": "stock"})
+    adds = [e for e in log if e[0] == "add"]
+    assert len(adds) == 3 * 4  # the warm-up, the timed and the profiled run, the whole batch each
+    runs = [adds[i:i + 4] for i in range(0, len(adds), 4)]
+    assert {e[3] for e in adds} == {step_profile.decode_new_tokens(2)}
+    assert {e[4] for e in adds} == {temperature}
+    seeds = [[e[5] for e in run] for run in runs]
+    if temperature == 0:
+        assert {s for run in seeds for s in run} == {None}
+    else:
+        assert len(set(seeds[0])) == 4 and seeds[0] == seeds[1] == seeds[2]
+    assert json.loads(args.out.read_text())["side"] == "stock"
+
+
+def test_each_side_worker_gets_the_runs_temperature(tmp_path):
+    args = SimpleNamespace(model="m", load_format="dummy", batch=8, context=1024, steps=32, gpu_memory_utilization=0.9,
+                           seed=0, temperature=1.0, phase="decode", prefill_batch=8)
+    cmd = step_profile.worker_command(args, "megakernel", tmp_path / "t", tmp_path / "megakernel.json")
+    assert cmd[cmd.index("--worker") + 1] == "megakernel"
+    assert cmd[cmd.index("--temperature") + 1] == "1.0"
+
+
+def test_a_negative_temperature_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        step_profile.main(["--model", "m", "--temperature", "-0.5"])
+    assert "--temperature" in capsys.readouterr().err
+
+
+def test_the_table_says_when_the_decode_steps_sampled():
+    events = [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 10}]
+    side = {"wall_ms_per_step": 9.0, "decision": "stock", "profile": step_profile.summarize(events, steps=1)}
+    result = {"steps": 1, "batch": 8, "context": 1024, "sides": {"stock": side}}
+    assert "sampled" not in step_profile.markdown(result)  # written before the key: greedy
+    result["sampling"] = "temperature 1, a seed per request"
+    assert "Tokens sampled at temperature 1, a seed per request, the same on both sides." in (
+        step_profile.markdown(result))
