@@ -9,11 +9,11 @@ in its own process (the switch is per process) with vLLM's defaults, as benchmar
 (prefix-cached prompts, greedy sampling or ``--temperature``'s seeded sampling, ignore_eos). A side's worker
 prefills its batch, steps the engine until every request has its first token, then records ``--steps`` pure
 decode steps with vLLM's torch profiler (kernels inside CUDA graphs included), and times as many steps again
-without the profiler. The orchestrator reads each side's chrome trace and writes ``table.md`` (and ``profile.json``): per side, every
-GPU kernel, copy and memset with its calls, time per call and time per step, the GPU's busy time per step
-(the sum) and the profiled span per step, against the step's wall time unprofiled. The step count is the
-engine steps recorded; with async scheduling one step may be in flight at either end, so per-step figures
-are good to about 1/steps.
+without the profiler. The orchestrator reads each side's chrome trace and writes ``table.md`` (and
+``profile.json``): per side, every GPU kernel, copy and memset with its calls, time per call and time per step,
+the GPU's busy time per step (the sum) and the profiled span per step, against the step's wall time unprofiled.
+The step count is the engine steps recorded; with async scheduling one step may be in flight at either end, so
+per-step figures are good to about 1/steps.
 
 ``--phase prefill`` profiles prefills instead: each unit is --batch fresh prompts of --context tokens run to
 their first tokens, timed as requests that go on decoding (a server's time to first token, less HTTP) and as
