@@ -44,7 +44,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks import SIDE_CONFIG, write_json_atomic, write_text_atomic
-from benchmarks.report import ENV_DEFAULTS
+from benchmarks.report import changed_env
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 PHASES = ("decode", "prefill")
@@ -91,8 +91,9 @@ def markdown(result: dict) -> str:
     prefill = result.get("phase") == "prefill"
     unit = (f"prefills of {result['batch']} fresh prompt(s) of {result['context']} tokens" if prefill
             else f"decode steps at batch {result['batch']}, context {result['context']}")
-    sampling = result.get("sampling", ENV_DEFAULTS["sampling"])  # a result written before the key was greedy
-    sampled = "" if sampling == ENV_DEFAULTS["sampling"] else f" Tokens sampled at {sampling}, the same on both sides."
+    # report's reading of a run's sampling (a result written before the key was greedy)
+    sampling = changed_env(result).get("sampling")
+    sampled = f" Tokens sampled at {sampling}, the same on both sides." if sampling else ""
     lines = [f"{result['steps']} profiled {unit} per side; GPU {result.get('gpu', '?')}, vLLM "
              f"{result.get('vllm', '?')}.{sampled}", ""]
     for side, s in result["sides"].items():
